@@ -1,0 +1,288 @@
+//! Wiring: build the guard, store and processor from [`Config`], and the
+//! commands the binary runs (`serve`, `migrate`, `replay`, `status`).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::config::{Config, GuardConfig, StoreConfig};
+use crate::guard::{IdempotencyGuard, MemoryGuard, RedisGuard};
+use crate::processor::{Outcome, OutcomeKind, Processor};
+use crate::store::{OrderStore, SqliteStore};
+
+/// Log to **stdout**: the Functions host turns every stderr line into an
+/// Error log. `RUST_LOG` sets the filter (default `info`).
+pub fn init_logging() {
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .target(env_logger::Target::Stdout)
+        .format_timestamp_millis()
+        .try_init();
+}
+
+/// The guard the configuration asks for.
+pub fn build_guard(config: &Config) -> anyhow::Result<Arc<dyn IdempotencyGuard>> {
+    Ok(match &config.guard {
+        GuardConfig::Memory => Arc::new(MemoryGuard::new(config.guard_settings.clone())),
+        GuardConfig::Redis { url } => Arc::new(
+            RedisGuard::new(url, config.guard_settings.clone(), config.redis_timeout)
+                .context("REDIS_URL")?,
+        ),
+    })
+}
+
+/// The store the configuration asks for (not migrated).
+pub async fn build_store(config: &Config) -> anyhow::Result<Arc<dyn OrderStore>> {
+    Ok(match &config.store {
+        StoreConfig::Sqlite { path } => Arc::new(SqliteStore::open(path, config.sql.busy_timeout)?),
+        StoreConfig::SqlServer { .. } => anyhow::bail!(
+            "SQL_CONNECTION_STRING: the SQL Server store is not built into this version; use sqlite:PATH or leave it empty"
+        ),
+    })
+}
+
+/// A short description of where state lives, for logs (no secrets).
+pub fn describe(config: &Config) -> String {
+    let guard = match &config.guard {
+        GuardConfig::Memory => "memory".to_string(),
+        GuardConfig::Redis { url } => format!("redis ({})", redact_url(url)),
+    };
+    let store = match &config.store {
+        StoreConfig::Sqlite { path } => format!("sqlite ({})", path.display()),
+        StoreConfig::SqlServer { .. } => "sqlserver".to_string(),
+    };
+    format!("guard={guard} store={store}")
+}
+
+/// `scheme://host:port` of a Redis URL, without credentials.
+fn redact_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+            format!("{scheme}://{host}")
+        }
+        None => "?".into(),
+    }
+}
+
+/// Guard + store + processor, with the store migrated when it is SQLite (the
+/// embedded default should just work); SQL Server is migrated explicitly.
+pub async fn build_processor(config: &Config) -> anyhow::Result<Arc<Processor>> {
+    let guard = build_guard(config)?;
+    let store = build_store(config).await?;
+    if matches!(config.store, StoreConfig::Sqlite { .. }) {
+        store
+            .migrate()
+            .await
+            .context("creating the SQLite schema")?;
+    }
+    Ok(Arc::new(Processor::new(
+        guard,
+        store,
+        config.processor.clone(),
+    )))
+}
+
+/// `serve`: listen on 127.0.0.1:$FUNCTIONS_CUSTOMHANDLER_PORT until SIGTERM/SIGINT.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let processor = build_processor(&config).await?;
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, config.port));
+    let (bound, server) = crate::host::bind(
+        processor,
+        addr,
+        config.max_body_bytes,
+        shutdown_signal(),
+        config.shutdown_grace,
+    )?;
+    log::info!(
+        "order-guard listening on http://{bound} ({})",
+        describe(&config)
+    );
+    server.await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                log::error!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => log::info!("SIGINT received"),
+        () = term => log::info!("SIGTERM received"),
+    }
+}
+
+/// What `replay` did, by final outcome.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
+pub struct ReplaySummary {
+    pub deliveries: u64,
+    pub events: u64,
+    pub executed: u64,
+    pub duplicates: u64,
+    pub conflicts: u64,
+    pub rejected: u64,
+    /// Deliveries that still needed a retry after every redelivery.
+    pub unresolved: u64,
+    /// Redeliveries made because an answer was `in_progress` or `retry`.
+    pub retries: u64,
+}
+
+impl std::fmt::Display for ReplaySummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "deliveries={} events={} executed={} duplicates={} conflicts={} rejected={} retries={} unresolved={}",
+            self.deliveries,
+            self.events,
+            self.executed,
+            self.duplicates,
+            self.conflicts,
+            self.rejected,
+            self.retries,
+            self.unresolved
+        )
+    }
+}
+
+/// How often `replay` redelivers a delivery whose answer asked for a retry.
+const REPLAY_MAX_ATTEMPTS: u32 = 40;
+
+/// Read a replay file: a JSON array of deliveries (each an event object, a
+/// string holding one, or an array of them), or a single delivery.
+pub fn read_replay_file(path: &Path) -> anyhow::Result<Vec<Value>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read replay file {}", path.display()))?;
+    let value: Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    Ok(match value {
+        Value::Array(items) => items,
+        other => vec![other],
+    })
+}
+
+/// Push deliveries through the processor as Event Grid would: up to
+/// `concurrency` at once, redelivering (with a short back-off) any delivery
+/// answered `in_progress` or `retry`, all-or-none.
+pub async fn replay(
+    processor: &Processor,
+    deliveries: Vec<Value>,
+    concurrency: usize,
+) -> ReplaySummary {
+    let results: Vec<(Vec<Outcome>, u64)> = futures::stream::iter(deliveries)
+        .map(|delivery| async move {
+            let mut redeliveries = 0;
+            loop {
+                let result = processor.process_trigger(delivery.clone()).await;
+                if !result.needs_redelivery() || redeliveries + 1 >= u64::from(REPLAY_MAX_ATTEMPTS)
+                {
+                    return (result.outcomes, redeliveries);
+                }
+                redeliveries += 1;
+                let backoff = Duration::from_millis(10 * redeliveries.min(20));
+                tokio::time::sleep(backoff).await;
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    let mut summary = ReplaySummary::default();
+    for (outcomes, redeliveries) in results {
+        summary.deliveries += 1;
+        summary.retries += redeliveries;
+        if outcomes.iter().any(|o| o.outcome.needs_redelivery()) {
+            summary.unresolved += 1;
+        }
+        for o in outcomes {
+            summary.events += 1;
+            match o.outcome {
+                OutcomeKind::Executed => summary.executed += 1,
+                OutcomeKind::Duplicate => summary.duplicates += 1,
+                OutcomeKind::Conflict => summary.conflicts += 1,
+                OutcomeKind::Rejected => summary.rejected += 1,
+                OutcomeKind::InProgress | OutcomeKind::Retry => {}
+            }
+        }
+    }
+    summary
+}
+
+/// `status ORDER_ID`: the guard key beside the store's row, as text.
+pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<String> {
+    use std::fmt::Write;
+    let guard = build_guard(config)?;
+    let store = build_store(config).await?;
+    let mut out = String::new();
+    let key = config.guard_settings.key(order_id);
+    match (&config.guard, guard.inspect(order_id).await) {
+        (GuardConfig::Memory, _) => writeln!(
+            out,
+            "guard   memory guard: state lives only inside a running `serve` process"
+        )?,
+        (_, Ok(entry)) => match entry.value {
+            Some(v) => writeln!(
+                out,
+                "guard   {key} = {v} (ttl {} s){}",
+                entry.ttl_seconds.unwrap_or(-1),
+                entry
+                    .fingerprint
+                    .map(|f| format!(" fingerprint {f}"))
+                    .unwrap_or_default()
+            )?,
+            None => writeln!(
+                out,
+                "guard   {key}: no key (never seen, expired, or released)"
+            )?,
+        },
+        (_, Err(e)) => writeln!(out, "guard   {key}: {e}")?,
+    }
+    match store.order(order_id).await? {
+        Some(o) => {
+            writeln!(
+                out,
+                "order   {} {} {} {} {} for {} (fingerprint {}, attempts {}, received {}{})",
+                o.order_id,
+                o.status.as_str(),
+                o.side,
+                o.quantity,
+                o.symbol,
+                o.account_id,
+                o.fingerprint,
+                o.attempts,
+                o.received_at,
+                o.executed_at
+                    .map(|t| format!(", executed {t}"))
+                    .unwrap_or_default()
+            )?;
+            let pos = store.position(&o.account_id, &o.symbol).await?;
+            writeln!(
+                out,
+                "position {} {} = {}",
+                o.account_id,
+                o.symbol,
+                pos.map(|p| p.to_string()).unwrap_or_else(|| "none".into())
+            )?;
+        }
+        None => writeln!(out, "order   {order_id}: no row in {}", store.name())?,
+    }
+    for r in store.rejections(Some(order_id)).await? {
+        writeln!(
+            out,
+            "rejected {} ({} deliveries): {}",
+            r.kind, r.deliveries, r.reason
+        )?;
+    }
+    Ok(out)
+}

@@ -1,0 +1,335 @@
+//! All settings, from the environment only, with defaults and clear errors.
+//!
+//! An invalid value fails at start with a message naming the variable and what
+//! it expected. Secrets (passwords, access keys) never appear in messages.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::guard::GuardSettings;
+use crate::processor::{GuardPolicy, ProcessorSettings};
+
+/// Default SQLite file when `SQL_CONNECTION_STRING` is empty.
+pub const DEFAULT_SQLITE_PATH: &str = "./order-guard.db";
+
+/// A configuration error: which variable, and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{var}: {problem}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub problem: String,
+}
+
+fn err(var: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        var,
+        problem: problem.into(),
+    }
+}
+
+/// Where the guard lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuardConfig {
+    /// In-process guard (`REDIS_URL` empty or unset).
+    Memory,
+    /// A redis-rs URL (`redis://…` or `rediss://…`).
+    Redis { url: String },
+}
+
+/// Where the orders live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// Embedded SQLite file.
+    Sqlite { path: PathBuf },
+    /// SQL Server / Azure SQL, ADO.NET connection string.
+    SqlServer { connection_string: String },
+}
+
+/// SQL Server timeouts and pool size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlSettings {
+    pub connect_timeout: Duration,
+    pub query_timeout: Duration,
+    pub pool_size: u32,
+    /// SQLite: how long a write waits for another process's lock.
+    pub busy_timeout: Duration,
+}
+
+/// Everything the binary needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub port: u16,
+    pub max_body_bytes: usize,
+    pub guard: GuardConfig,
+    pub guard_settings: GuardSettings,
+    pub redis_timeout: Duration,
+    pub store: StoreConfig,
+    pub sql: SqlSettings,
+    pub processor: ProcessorSettings,
+    /// How long SIGTERM waits for in-flight invocations.
+    pub shutdown_grace: Duration,
+}
+
+impl Config {
+    /// Read the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Read settings through `get` (tests pass a map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let val = |k: &str| {
+            get(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let port = match (
+            val("FUNCTIONS_CUSTOMHANDLER_PORT"),
+            val("FUNCTIONS_HTTPWORKER_PORT"),
+        ) {
+            (Some(p), _) => parse_num("FUNCTIONS_CUSTOMHANDLER_PORT", &p, 1, 65_535)? as u16,
+            (None, Some(p)) => parse_num("FUNCTIONS_HTTPWORKER_PORT", &p, 1, 65_535)? as u16,
+            (None, None) => 3000,
+        };
+        let num =
+            |var: &'static str, default: u64, min: u64, max: u64| -> Result<u64, ConfigError> {
+                val(var).map_or(Ok(default), |v| parse_num(var, &v, min, max))
+            };
+        let guard = match val("REDIS_URL") {
+            None => GuardConfig::Memory,
+            Some(v) => GuardConfig::Redis {
+                url: redis_url(&v)?,
+            },
+        };
+        let prefix = get("GUARD_KEY_PREFIX").unwrap_or_else(|| "orden:".into());
+        if prefix.is_empty() || prefix.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(err(
+                "GUARD_KEY_PREFIX",
+                "expected a non-empty key prefix without spaces or control characters, e.g. orden:",
+            ));
+        }
+        let processing_ttl = num("GUARD_PROCESSING_TTL_SECONDS", 300, 1, 86_400)?;
+        let completed_ttl = num("GUARD_COMPLETED_TTL_SECONDS", 86_400, 1, 30 * 86_400)?;
+        if completed_ttl < processing_ttl {
+            return Err(err(
+                "GUARD_COMPLETED_TTL_SECONDS",
+                format!("must be at least GUARD_PROCESSING_TTL_SECONDS ({processing_ttl})"),
+            ));
+        }
+        let on_guard_unavailable = match val("GUARD_UNAVAILABLE").as_deref() {
+            None | Some("proceed") => GuardPolicy::Proceed,
+            Some("retry") => GuardPolicy::Retry,
+            Some(other) => {
+                return Err(err(
+                    "GUARD_UNAVAILABLE",
+                    format!("expected \"proceed\" or \"retry\", got {other:?}"),
+                ))
+            }
+        };
+        let deadline = num("INVOCATION_DEADLINE_MS", 20_000, 100, 25_000)?;
+        let store = match val("SQL_CONNECTION_STRING") {
+            None => StoreConfig::Sqlite {
+                path: PathBuf::from(DEFAULT_SQLITE_PATH),
+            },
+            Some(v) => match v.strip_prefix("sqlite:") {
+                Some("") => {
+                    return Err(err(
+                        "SQL_CONNECTION_STRING",
+                        "sqlite: needs a file path, e.g. sqlite:./order-guard.db",
+                    ))
+                }
+                Some(path) => StoreConfig::Sqlite { path: path.into() },
+                None => {
+                    if !v.contains('=') {
+                        return Err(err(
+                            "SQL_CONNECTION_STRING",
+                            "expected an ADO.NET connection string (Server=tcp:…;Initial Catalog=…;…), sqlite:PATH, or nothing for the embedded default",
+                        ));
+                    }
+                    StoreConfig::SqlServer {
+                        connection_string: v,
+                    }
+                }
+            },
+        };
+        Ok(Config {
+            port,
+            max_body_bytes: num("MAX_BODY_BYTES", 4 * 1024 * 1024, 1024, 64 * 1024 * 1024)?
+                as usize,
+            guard,
+            guard_settings: GuardSettings {
+                prefix,
+                processing_ttl: Duration::from_secs(processing_ttl),
+                completed_ttl: Duration::from_secs(completed_ttl),
+            },
+            redis_timeout: Duration::from_millis(num("REDIS_TIMEOUT_MS", 1_000, 10, 10_000)?),
+            store,
+            sql: SqlSettings {
+                connect_timeout: Duration::from_secs(num(
+                    "SQL_CONNECT_TIMEOUT_SECONDS",
+                    10,
+                    1,
+                    60,
+                )?),
+                query_timeout: Duration::from_secs(num("SQL_QUERY_TIMEOUT_SECONDS", 8, 1, 25)?),
+                pool_size: num("SQL_POOL_SIZE", 10, 1, 200)? as u32,
+                busy_timeout: Duration::from_millis(num(
+                    "SQLITE_BUSY_TIMEOUT_MS",
+                    5_000,
+                    0,
+                    20_000,
+                )?),
+            },
+            processor: ProcessorSettings {
+                on_guard_unavailable,
+                deadline: Duration::from_millis(deadline),
+            },
+            shutdown_grace: Duration::from_secs(num("SHUTDOWN_GRACE_SECONDS", 25, 0, 300)?),
+        })
+    }
+}
+
+fn parse_num(var: &'static str, v: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
+    match v.parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(err(
+            var,
+            format!("expected a whole number from {min} to {max}, got {v:?}"),
+        )),
+    }
+}
+
+/// Accept a redis-rs URL, or translate Azure's StackExchange.Redis form
+/// `host:6380,password=KEY,ssl=True,abortConnect=False` into one.
+pub fn redis_url(v: &str) -> Result<String, ConfigError> {
+    const VAR: &str = "REDIS_URL";
+    if v.starts_with("redis://") || v.starts_with("rediss://") || v.starts_with("redis+unix://") {
+        redis::parse_redis_url(v).ok_or_else(|| {
+            err(
+                VAR,
+                "not a valid redis:// or rediss:// URL (the value is not shown)",
+            )
+        })?;
+        return Ok(v.to_string());
+    }
+    let mut parts = v.split(',');
+    let endpoint = parts.next().unwrap_or("").trim();
+    let (host, port) = match endpoint.rsplit_once(':') {
+        Some((h, p)) => (
+            h,
+            p.parse::<u16>()
+                .map_err(|_| err(VAR, format!("port {p:?} in {endpoint:?} is not a number")))?,
+        ),
+        None => (endpoint, 6379),
+    };
+    if host.is_empty() || host.contains(['/', '@', ' ']) {
+        return Err(err(
+            VAR,
+            "expected redis://HOST:PORT, rediss://:KEY@HOST:6380, or Azure's HOST:6380,password=KEY,ssl=True form",
+        ));
+    }
+    let (mut password, mut ssl, mut user) = (None, port == 6380, None);
+    for part in parts {
+        let Some((k, val)) = part.split_once('=') else {
+            continue;
+        };
+        match k.trim().to_ascii_lowercase().as_str() {
+            "password" => password = Some(val.trim().to_string()),
+            "user" => user = Some(val.trim().to_string()),
+            "ssl" => ssl = val.trim().eq_ignore_ascii_case("true"),
+            _ => {}
+        }
+    }
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    let auth = match (user, password) {
+        (u, Some(p)) => format!("{}:{}@", enc(u.as_deref().unwrap_or("")), enc(&p)),
+        (Some(u), None) => format!("{}@", enc(&u)),
+        (None, None) => String::new(),
+    };
+    let scheme = if ssl { "rediss" } else { "redis" };
+    Ok(format!("{scheme}://{auth}{host}:{port}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_need_nothing() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.port, 3000);
+        assert_eq!(c.guard, GuardConfig::Memory);
+        assert_eq!(
+            c.store,
+            StoreConfig::Sqlite {
+                path: DEFAULT_SQLITE_PATH.into()
+            }
+        );
+        assert_eq!(c.guard_settings.prefix, "orden:");
+        assert_eq!(c.guard_settings.processing_ttl, Duration::from_secs(300));
+        assert_eq!(c.guard_settings.completed_ttl, Duration::from_secs(86_400));
+    }
+
+    #[test]
+    fn invalid_values_name_the_variable() {
+        let e = config(&[("FUNCTIONS_CUSTOMHANDLER_PORT", "http")]).unwrap_err();
+        assert_eq!(e.var, "FUNCTIONS_CUSTOMHANDLER_PORT");
+        let e = config(&[("GUARD_UNAVAILABLE", "maybe")]).unwrap_err();
+        assert!(e.to_string().starts_with("GUARD_UNAVAILABLE: expected"));
+        let e = config(&[("SQL_CONNECTION_STRING", "postgres-please")]).unwrap_err();
+        assert_eq!(e.var, "SQL_CONNECTION_STRING");
+        let e = config(&[
+            ("GUARD_PROCESSING_TTL_SECONDS", "600"),
+            ("GUARD_COMPLETED_TTL_SECONDS", "60"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.var, "GUARD_COMPLETED_TTL_SECONDS");
+    }
+
+    #[test]
+    fn store_choice_follows_the_connection_string() {
+        let c = config(&[("SQL_CONNECTION_STRING", "sqlite:/tmp/x.db")]).unwrap();
+        assert_eq!(
+            c.store,
+            StoreConfig::Sqlite {
+                path: "/tmp/x.db".into()
+            }
+        );
+        let ado = "Server=tcp:s.database.windows.net,1433;Initial Catalog=o;User ID=u;Password=p;Encrypt=True;";
+        let c = config(&[("SQL_CONNECTION_STRING", ado)]).unwrap();
+        assert!(matches!(c.store, StoreConfig::SqlServer { .. }));
+    }
+
+    #[test]
+    fn azure_redis_form_becomes_a_tls_url_with_an_encoded_key() {
+        let url = redis_url(
+            "cache.redis.cache.windows.net:6380,password=ab+c/d=,ssl=True,abortConnect=False",
+        )
+        .unwrap();
+        assert_eq!(
+            url,
+            "rediss://:ab%2Bc%2Fd%3D@cache.redis.cache.windows.net:6380"
+        );
+        assert_eq!(
+            redis_url("127.0.0.1:6379").unwrap(),
+            "redis://127.0.0.1:6379"
+        );
+        assert_eq!(
+            redis_url("redis://127.0.0.1:7000/0").unwrap(),
+            "redis://127.0.0.1:7000/0"
+        );
+        let e = redis_url("http://nope").unwrap_err();
+        assert!(!e.to_string().contains("nope@"), "{e}");
+    }
+}

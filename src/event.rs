@@ -1,0 +1,253 @@
+//! Event envelopes: Event Grid schema or CloudEvents 1.0, as an object, a
+//! JSON-encoded string (possibly twice), or an array of them.
+//!
+//! This module turns the trigger value the host hands us into events, and an
+//! event into the order payload (`data`). It knows nothing of HTTP, Redis or SQL.
+
+use base64::Engine;
+use serde_json::Value;
+
+use crate::order::{json_kind, truncate};
+
+/// How many times a string is decoded before we give up (host encodes at most
+/// twice; one more round tolerates a hand-made payload).
+const MAX_DECODE_ROUNDS: usize = 3;
+
+/// Which envelope an event came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schema {
+    EventGrid,
+    CloudEvents,
+}
+
+impl Schema {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Schema::EventGrid => "eventgrid",
+            Schema::CloudEvents => "cloudevents",
+        }
+    }
+}
+
+/// Why a trigger value or event is not usable. Retrying cannot fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidEvent(pub String);
+
+/// The trigger value, normalized: one event, or a batch (all-or-none).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delivery {
+    Single(Value),
+    Batch(Vec<Value>),
+}
+
+/// Normalize `Data.eventGridEvent` per protocol.md §1.3: object → one event;
+/// array → a batch; string → decode and repeat; anything else → invalid.
+pub fn normalize(mut value: Value) -> Result<Delivery, InvalidEvent> {
+    for _ in 0..=MAX_DECODE_ROUNDS {
+        match value {
+            Value::Object(_) => return Ok(Delivery::Single(value)),
+            Value::Array(items) => return Ok(Delivery::Batch(items)),
+            Value::String(s) => {
+                value = serde_json::from_str(&s).map_err(|e| {
+                    InvalidEvent(format!(
+                        "the event is a string that is not JSON ({e}): {:?}",
+                        truncate(&s, 80)
+                    ))
+                })?;
+            }
+            other => {
+                return Err(InvalidEvent(format!(
+                    "the event must be a JSON object (or a string or array of them), got {}",
+                    json_kind(&other)
+                )))
+            }
+        }
+    }
+    Err(InvalidEvent(format!(
+        "the event is still a string after {MAX_DECODE_ROUNDS} rounds of JSON decoding"
+    )))
+}
+
+/// One event's envelope, checked, with its order payload decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope {
+    pub schema: Schema,
+    pub event_id: String,
+    /// The order payload (`data`), decoded to an object when it was a string.
+    pub data: Value,
+}
+
+/// Check an event's envelope and extract its `data`.
+pub fn parse_envelope(event: &Value) -> Result<Envelope, InvalidEvent> {
+    let obj = event.as_object().ok_or_else(|| {
+        InvalidEvent(format!(
+            "each event must be a JSON object, got {}",
+            json_kind(event)
+        ))
+    })?;
+    let schema = if obj.contains_key("specversion") {
+        Schema::CloudEvents
+    } else if obj.contains_key("eventType") {
+        Schema::EventGrid
+    } else {
+        return Err(InvalidEvent(
+            "not an Event Grid or CloudEvents event: it has neither 'eventType' (Event Grid schema) nor 'specversion' (CloudEvents 1.0)"
+                .into(),
+        ));
+    };
+    let text = |key: &str| -> Result<String, InvalidEvent> {
+        match obj.get(key) {
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
+            Some(Value::String(_)) => Err(InvalidEvent(format!(
+                "{} event: '{key}' must not be empty",
+                schema.as_str()
+            ))),
+            Some(other) => Err(InvalidEvent(format!(
+                "{} event: '{key}' must be a string, got {}",
+                schema.as_str(),
+                json_kind(other)
+            ))),
+            None => Err(InvalidEvent(format!(
+                "{} event: '{key}' is required",
+                schema.as_str()
+            ))),
+        }
+    };
+    let event_id = text("id")?;
+    let data = match schema {
+        Schema::EventGrid => {
+            text("eventType")?;
+            obj.get("data").cloned()
+        }
+        Schema::CloudEvents => {
+            let version = text("specversion")?;
+            if version != "1.0" {
+                return Err(InvalidEvent(format!(
+                    "cloudevents event: specversion must be \"1.0\", got {:?}",
+                    truncate(&version, 20)
+                )));
+            }
+            text("source")?;
+            text("type")?;
+            match (obj.get("data"), obj.get("data_base64")) {
+                (Some(d), _) => Some(d.clone()),
+                (None, Some(Value::String(b64))) => Some(decode_base64_data(b64)?),
+                (None, Some(other)) => {
+                    return Err(InvalidEvent(format!(
+                        "cloudevents event: 'data_base64' must be a string, got {}",
+                        json_kind(other)
+                    )))
+                }
+                (None, None) => None,
+            }
+        }
+    };
+    let data = match data {
+        None | Some(Value::Null) => {
+            return Err(InvalidEvent(format!(
+                "{} event {:?} has no 'data': the order payload is missing",
+                schema.as_str(),
+                truncate(&event_id, 64)
+            )))
+        }
+        // Custom topics may carry `data` as a string holding the JSON object.
+        Some(Value::String(s)) => serde_json::from_str(&s).map_err(|e| {
+            InvalidEvent(format!(
+                "event 'data' is a string that is not JSON ({e}): {:?}",
+                truncate(&s, 80)
+            ))
+        })?,
+        Some(d) => d,
+    };
+    Ok(Envelope {
+        schema,
+        event_id,
+        data,
+    })
+}
+
+fn decode_base64_data(b64: &str) -> Result<Value, InvalidEvent> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|e| InvalidEvent(format!("cloudevents 'data_base64' is not base64: {e}")))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| InvalidEvent(format!("cloudevents 'data_base64' does not hold JSON: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn eg() -> Value {
+        json!({"id":"e1","eventType":"Trading.Order.Placed","subject":"orders/o1","eventTime":"2025-06-14T09:30:02Z","data":{"orderId":"o1"},"dataVersion":"1.0"})
+    }
+
+    #[test]
+    fn normalizes_object_string_double_string_and_array() {
+        let obj = eg();
+        let once = Value::String(obj.to_string());
+        let twice = Value::String(once.to_string());
+        for v in [obj.clone(), once, twice] {
+            assert_eq!(normalize(v).unwrap(), Delivery::Single(obj.clone()));
+        }
+        let arr = json!([eg(), eg()]);
+        assert_eq!(
+            normalize(Value::String(arr.to_string())).unwrap(),
+            Delivery::Batch(vec![eg(), eg()])
+        );
+        assert!(matches!(normalize(arr).unwrap(), Delivery::Batch(v) if v.len() == 2));
+    }
+
+    #[test]
+    fn refuses_numbers_and_non_json_strings() {
+        assert!(normalize(json!(42)).unwrap_err().0.contains("got a number"));
+        assert!(normalize(json!("not json"))
+            .unwrap_err()
+            .0
+            .contains("string that is not JSON"));
+        let deep = (0..6).fold(eg(), |v, _| Value::String(v.to_string()));
+        assert!(normalize(deep).unwrap_err().0.contains("still a string"));
+    }
+
+    #[test]
+    fn reads_both_schemas() {
+        let e = parse_envelope(&eg()).unwrap();
+        assert_eq!((e.schema, e.event_id.as_str()), (Schema::EventGrid, "e1"));
+        let ce = json!({"specversion":"1.0","id":"c1","source":"/t","type":"Trading.Order.Placed","data":{"orderId":"o1"}});
+        let e = parse_envelope(&ce).unwrap();
+        assert_eq!(e.schema, Schema::CloudEvents);
+        assert_eq!(e.data, json!({"orderId":"o1"}));
+        let b64 = base64::engine::general_purpose::STANDARD.encode(br#"{"orderId":"o2"}"#);
+        let ce = json!({"specversion":"1.0","id":"c2","source":"/t","type":"T","data_base64":b64});
+        assert_eq!(parse_envelope(&ce).unwrap().data, json!({"orderId":"o2"}));
+    }
+
+    #[test]
+    fn decodes_data_held_as_a_string() {
+        let mut e = eg();
+        e["data"] = Value::String(r#"{"orderId":"o9"}"#.into());
+        assert_eq!(parse_envelope(&e).unwrap().data, json!({"orderId":"o9"}));
+    }
+
+    #[test]
+    fn explains_what_is_missing() {
+        let mut e = eg();
+        e.as_object_mut().unwrap().remove("data");
+        assert!(parse_envelope(&e).unwrap_err().0.contains("has no 'data'"));
+        let ce = json!({"id":"c1","source":"/t","type":"T","data":{}});
+        assert!(parse_envelope(&ce)
+            .unwrap_err()
+            .0
+            .contains("neither 'eventType'"));
+        let ce = json!({"specversion":"0.3","id":"c1","source":"/t","type":"T","data":{}});
+        assert!(parse_envelope(&ce).unwrap_err().0.contains("specversion"));
+        let mut e = eg();
+        e["id"] = json!("");
+        assert!(parse_envelope(&e)
+            .unwrap_err()
+            .0
+            .contains("'id' must not be empty"));
+    }
+}

@@ -1,0 +1,54 @@
+//! Named fault points for the chaos tests (issue: exactly-once under faults).
+//!
+//! Built only with `--features failpoints`; otherwise `fail_point!` expands to
+//! nothing and release builds carry no cost. Points are configured with the
+//! `FAILPOINTS` environment variable, e.g.
+//! `FAILPOINTS='after_accept=5%return(crash);before_complete=10%return(error)'`:
+//! `return(crash)` aborts the process on the spot (a worker dying mid-way),
+//! `return(error)` makes the step fail as a transient dependency error.
+
+/// After the guard reservation is taken, before the store is touched.
+pub const AFTER_GUARD_ACQUIRE: &str = "after_guard_acquire";
+/// After `accept` inserted (or found) the row, before `execute`.
+pub const AFTER_ACCEPT: &str = "after_accept";
+/// After `execute` committed, before the guard is marked `COMPLETADA`.
+pub const BEFORE_COMPLETE: &str = "before_complete";
+/// In guard release, before the compare-and-delete is sent.
+pub const IN_RELEASE: &str = "in_release";
+
+/// Every point, for documentation and for tests that enable them all.
+pub const ALL: [&str; 4] = [
+    AFTER_GUARD_ACQUIRE,
+    AFTER_ACCEPT,
+    BEFORE_COMPLETE,
+    IN_RELEASE,
+];
+
+/// What a triggered point does: `crash` aborts the process, anything else is
+/// an error of the kind the caller maps it to.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+pub(crate) fn crash_or_error(point: &str, arg: Option<String>) -> String {
+    if arg.as_deref() == Some("crash") {
+        // Like SIGKILL mid-invocation: no unwinding, no cleanup, no answer.
+        eprintln!("fault point {point}: crash");
+        std::process::abort();
+    }
+    format!("fault injected at {point}")
+}
+
+/// Set up the points from `FAILPOINTS` (no-op without the feature).
+pub fn setup_from_env() {
+    #[cfg(feature = "failpoints")]
+    {
+        if let Ok(spec) = std::env::var("FAILPOINTS") {
+            for part in spec.split(';').filter(|p| !p.trim().is_empty()) {
+                if let Some((name, action)) = part.split_once('=') {
+                    if let Err(e) = fail::cfg(name.trim(), action.trim()) {
+                        eprintln!("FAILPOINTS: ignoring {part:?}: {e}");
+                    }
+                }
+            }
+            log::warn!("fault points armed: {spec}");
+        }
+    }
+}

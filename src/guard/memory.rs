@@ -1,0 +1,145 @@
+//! `MemoryGuard`: the embedded default. Same semantics as Redis (NX, owner
+//! token, TTL expiry) inside one process; nothing is shared between processes.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use async_trait::async_trait;
+
+use super::{
+    classify_existing, Acquisition, GuardEntry, GuardError, GuardSettings, IdempotencyGuard, Token,
+    COMPLETED,
+};
+
+struct Entry {
+    value: String,
+    fingerprint: Option<String>,
+    expires_at: Instant,
+}
+
+/// In-process guard with TTL expiry.
+pub struct MemoryGuard {
+    settings: GuardSettings,
+    entries: Mutex<Entries>,
+}
+
+#[derive(Default)]
+struct Entries {
+    map: HashMap<String, Entry>,
+    /// Size after the last sweep: sweep again when the map has doubled, so
+    /// expired keys cost amortised O(1) and memory stays bounded by live keys.
+    swept_at_len: usize,
+}
+
+impl Entries {
+    /// The live entry for `order_id`, dropping it first if it has expired.
+    fn live(&mut self, order_id: &str, now: Instant) -> Option<&mut Entry> {
+        if self.map.get(order_id).is_some_and(|e| e.expires_at <= now) {
+            self.map.remove(order_id);
+        }
+        self.map.get_mut(order_id)
+    }
+
+    fn maybe_sweep(&mut self, now: Instant) {
+        if self.map.len() > 2 * self.swept_at_len.max(1024) {
+            self.map.retain(|_, e| e.expires_at > now);
+            self.swept_at_len = self.map.len();
+        }
+    }
+}
+
+impl MemoryGuard {
+    pub fn new(settings: GuardSettings) -> MemoryGuard {
+        MemoryGuard {
+            settings,
+            entries: Mutex::new(Entries::default()),
+        }
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
+        // A panic while holding the lock cannot leave an entry half-written.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl IdempotencyGuard for MemoryGuard {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn acquire(&self, order_id: &str) -> Acquisition {
+        let now = Instant::now();
+        let mut entries = self.entries();
+        entries.maybe_sweep(now);
+        if let Some(e) = entries.live(order_id, now) {
+            return classify_existing(Some(e.value.clone()), e.fingerprint.clone());
+        }
+        let token = Token::new();
+        entries.map.insert(
+            order_id.to_string(),
+            Entry {
+                value: token.value(),
+                fingerprint: None,
+                expires_at: now + self.settings.processing_ttl,
+            },
+        );
+        Acquisition::Acquired(token)
+    }
+
+    async fn complete(&self, order_id: &str, fingerprint: &str) -> Result<(), GuardError> {
+        let now = Instant::now();
+        self.entries().map.insert(
+            order_id.to_string(),
+            Entry {
+                value: COMPLETED.to_string(),
+                fingerprint: Some(fingerprint.to_string()),
+                expires_at: now + self.settings.completed_ttl,
+            },
+        );
+        Ok(())
+    }
+
+    async fn release(&self, order_id: &str, token: &Token) -> Result<bool, GuardError> {
+        let now = Instant::now();
+        let mut entries = self.entries();
+        let ours = entries
+            .live(order_id, now)
+            .is_some_and(|e| e.value == token.value());
+        if ours {
+            entries.map.remove(order_id);
+        }
+        Ok(ours)
+    }
+
+    async fn extend(&self, order_id: &str, token: &Token) -> Result<bool, GuardError> {
+        let now = Instant::now();
+        let ttl = self.settings.processing_ttl;
+        let mut entries = self.entries();
+        match entries.live(order_id, now) {
+            Some(e) if e.value == token.value() => {
+                e.expires_at = now + ttl;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn inspect(&self, order_id: &str) -> Result<GuardEntry, GuardError> {
+        let now = Instant::now();
+        let mut entries = self.entries();
+        Ok(match entries.live(order_id, now) {
+            Some(e) => GuardEntry {
+                value: Some(e.value.clone()),
+                ttl_seconds: Some(e.expires_at.duration_since(now).as_secs() as i64),
+                fingerprint: e.fingerprint.clone(),
+            },
+            None => GuardEntry {
+                value: None,
+                ttl_seconds: None,
+                fingerprint: None,
+            },
+        })
+    }
+}

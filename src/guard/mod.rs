@@ -1,0 +1,185 @@
+//! The idempotency guard: a fast, shared "who is working on this order" flag.
+//!
+//! Protocol (DESIGN.md, "Guard protocol"): `acquire` sets
+//! `{prefix}{orderId} = PROCESANDO:<token>` only if absent (`SET NX EX`); the
+//! winner processes the order, `complete` turns the key into `COMPLETADA` with
+//! a long TTL to absorb late duplicates, and `release` deletes the key only if
+//! it still holds our token (compare-and-delete). The guard is an optimisation,
+//! never the source of truth: the store's unique index and forward-only status
+//! keep the effect single even when the guard is lost or unavailable.
+//!
+//! Beside the guard key, `complete` stores the order's fingerprint under a
+//! companion key so that a *different* order reusing a completed id is reported
+//! as a conflict without a database round trip.
+
+mod memory;
+mod redis;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use self::memory::MemoryGuard;
+pub use self::redis::RedisGuard;
+
+/// Value prefix of a key held by a worker; the token follows it.
+pub const PROCESSING: &str = "PROCESANDO";
+/// Value of a key whose order is durably done.
+pub const COMPLETED: &str = "COMPLETADA";
+
+/// Proof of ownership of one reservation: unique per attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    pub fn new() -> Token {
+        Token(uuid::Uuid::new_v4().simple().to_string())
+    }
+
+    /// The key's value while this token holds it: `PROCESANDO:<token>`.
+    pub fn value(&self) -> String {
+        format!("{PROCESSING}:{}", self.0)
+    }
+}
+
+impl Default for Token {
+    fn default() -> Self {
+        Token::new()
+    }
+}
+
+/// What `acquire` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquisition {
+    /// The reservation is ours: process the order.
+    Acquired(Token),
+    /// The order is done; `fingerprint` is what was completed (when known).
+    Completed { fingerprint: Option<String> },
+    /// Another worker holds the reservation.
+    InProgress,
+    /// The guard could not be reached; the reason is for the logs.
+    Unavailable(String),
+}
+
+/// What a guard key holds right now (for `order-guard status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardEntry {
+    pub value: Option<String>,
+    /// Seconds left, `None` when the key does not exist.
+    pub ttl_seconds: Option<i64>,
+    pub fingerprint: Option<String>,
+}
+
+/// The guard could not do what was asked (Redis down, timeout).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("guard unavailable: {0}")]
+pub struct GuardError(pub String);
+
+/// Time-to-live settings shared by every guard.
+#[derive(Debug, Clone)]
+pub struct GuardSettings {
+    /// Key prefix, default `orden:`.
+    pub prefix: String,
+    /// Bound for a dead owner's reservation (default 300 s).
+    pub processing_ttl: Duration,
+    /// How long `COMPLETADA` absorbs late duplicates (default 24 h).
+    pub completed_ttl: Duration,
+}
+
+impl Default for GuardSettings {
+    fn default() -> Self {
+        GuardSettings {
+            prefix: "orden:".into(),
+            processing_ttl: Duration::from_secs(300),
+            completed_ttl: Duration::from_secs(86_400),
+        }
+    }
+}
+
+impl GuardSettings {
+    /// `{prefix}{orderId}`: the seed's key.
+    pub fn key(&self, order_id: &str) -> String {
+        format!("{}{order_id}", self.prefix)
+    }
+
+    /// The companion key holding a completed order's fingerprint. Its prefix
+    /// differs from the guard prefix in its last character, so neither is a
+    /// prefix of the other and no order id can make the two key spaces meet.
+    pub fn fingerprint_key(&self, order_id: &str) -> String {
+        let mut p = self.prefix.clone();
+        let last = p.pop().unwrap_or(':');
+        p.push(if last == '-' { '_' } else { '-' });
+        format!("{p}fp:{order_id}")
+    }
+}
+
+/// The guard's operations. Implementations must be atomic per key across every
+/// process that shares them.
+#[async_trait]
+pub trait IdempotencyGuard: Send + Sync {
+    /// `"redis"` or `"memory"`, for logs and answers.
+    fn name(&self) -> &'static str;
+
+    /// Reserve the order, or say why not, in one round trip.
+    async fn acquire(&self, order_id: &str) -> Acquisition;
+
+    /// Mark the order done (`COMPLETADA`, long TTL) with its fingerprint.
+    /// Unconditional: it is only called after the store committed.
+    async fn complete(&self, order_id: &str, fingerprint: &str) -> Result<(), GuardError>;
+
+    /// Delete the reservation if it is still `token`'s; `Ok(false)` when it
+    /// was not (expired, taken over, completed).
+    async fn release(&self, order_id: &str, token: &Token) -> Result<bool, GuardError>;
+
+    /// Push the reservation's expiry out by the processing TTL while the owner
+    /// is alive; `Ok(false)` when it is no longer ours.
+    async fn extend(&self, order_id: &str, token: &Token) -> Result<bool, GuardError>;
+
+    /// What the key holds now.
+    async fn inspect(&self, order_id: &str) -> Result<GuardEntry, GuardError>;
+}
+
+/// Interpret a guard value found by a failed acquire.
+pub(crate) fn classify_existing(value: Option<String>, fingerprint: Option<String>) -> Acquisition {
+    match value.as_deref() {
+        Some(COMPLETED) => Acquisition::Completed { fingerprint },
+        // A PROCESANDO value, or anything unexpected: somebody else's.
+        _ => Acquisition::InProgress,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprint_keys_never_meet_guard_keys() {
+        for prefix in ["orden:", "x-", "a", "fp:"] {
+            let s = GuardSettings {
+                prefix: prefix.into(),
+                ..GuardSettings::default()
+            };
+            let fp = s.fingerprint_key("id");
+            let fp_prefix = fp.strip_suffix("id").unwrap();
+            assert!(
+                !fp_prefix.starts_with(prefix),
+                "{fp_prefix} starts with {prefix}"
+            );
+            assert!(
+                !prefix.starts_with(fp_prefix),
+                "{prefix} starts with {fp_prefix}"
+            );
+        }
+        assert_eq!(
+            GuardSettings::default().fingerprint_key("o1"),
+            "orden-fp:o1"
+        );
+    }
+
+    #[test]
+    fn tokens_are_unique_and_prefixed() {
+        let (a, b) = (Token::new(), Token::new());
+        assert_ne!(a, b);
+        assert!(a.value().starts_with("PROCESANDO:"));
+    }
+}

@@ -1,0 +1,170 @@
+//! `RedisGuard`: the production guard, shared by every handler instance.
+//!
+//! Each operation is one Lua script, so it is atomic on the server and costs
+//! one round trip; scripts run on Redis 6 (Azure Cache for Redis). Connections
+//! come from redis-rs' `ConnectionManager`, created lazily so the handler starts
+//! while Redis is down, and reconnecting by itself when Redis returns.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::Script;
+
+use super::{
+    classify_existing, Acquisition, GuardEntry, GuardError, GuardSettings, IdempotencyGuard, Token,
+    COMPLETED,
+};
+
+/// SET NX EX; on failure read the holder's value and the completed
+/// fingerprint in the same script (keys cannot expire mid-script).
+const ACQUIRE: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  return {1}
+end
+return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
+";
+
+const COMPLETE: &str = r"
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+return 1
+";
+
+/// Compare-and-delete: never delete another worker's reservation.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Compare-and-expire: only the owner may extend its reservation.
+const EXTEND: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('EXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+const INSPECT: &str = r"
+return {redis.call('GET', KEYS[1]), redis.call('TTL', KEYS[1]), redis.call('GET', KEYS[2])}
+";
+
+/// Redis-backed guard.
+pub struct RedisGuard {
+    settings: GuardSettings,
+    conn: ConnectionManager,
+    timeout: Duration,
+    acquire: Script,
+    complete: Script,
+    release: Script,
+    extend: Script,
+    inspect: Script,
+}
+
+impl RedisGuard {
+    /// A guard on `url` (`redis://` or `rediss://`). Does not connect yet: the
+    /// first operation does, and a Redis that is down only makes operations
+    /// answer `Unavailable` until it is back. `timeout` bounds every operation.
+    pub fn new(
+        url: &str,
+        settings: GuardSettings,
+        timeout: Duration,
+    ) -> Result<RedisGuard, GuardError> {
+        let client =
+            redis::Client::open(url).map_err(|e| GuardError(format!("invalid Redis URL: {e}")))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| GuardError(format!("cannot set up the Redis connection: {e}")))?;
+        Ok(RedisGuard {
+            settings,
+            conn,
+            timeout,
+            acquire: Script::new(ACQUIRE),
+            complete: Script::new(COMPLETE),
+            release: Script::new(RELEASE),
+            extend: Script::new(EXTEND),
+            inspect: Script::new(INSPECT),
+        })
+    }
+
+    /// Run `script` on the order's two keys with `args`, bounded by the timeout.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        order_id: &str,
+        args: &[&str],
+    ) -> Result<T, GuardError> {
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .key(self.settings.key(order_id))
+            .key(self.settings.fingerprint_key(order_id));
+        for a in args {
+            invocation.arg(*a);
+        }
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(GuardError(e.to_string())),
+            Err(_) => Err(GuardError(format!(
+                "Redis did not answer within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+}
+
+#[async_trait]
+impl IdempotencyGuard for RedisGuard {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn acquire(&self, order_id: &str) -> Acquisition {
+        let token = Token::new();
+        let ttl = self.settings.processing_ttl.as_secs().max(1).to_string();
+        let reply: Result<(i64, Option<String>, Option<String>), GuardError> = self
+            .run(&self.acquire, order_id, &[&token.value(), &ttl])
+            .await;
+        match reply {
+            Ok((1, _, _)) => Acquisition::Acquired(token),
+            Ok((_, value, fingerprint)) => classify_existing(value, fingerprint),
+            Err(e) => Acquisition::Unavailable(e.0),
+        }
+    }
+
+    async fn complete(&self, order_id: &str, fingerprint: &str) -> Result<(), GuardError> {
+        let ttl = self.settings.completed_ttl.as_secs().max(1).to_string();
+        self.run::<i64>(&self.complete, order_id, &[COMPLETED, fingerprint, &ttl])
+            .await
+            .map(|_| ())
+    }
+
+    async fn release(&self, order_id: &str, token: &Token) -> Result<bool, GuardError> {
+        self.run::<i64>(&self.release, order_id, &[&token.value()])
+            .await
+            .map(|n| n == 1)
+    }
+
+    async fn extend(&self, order_id: &str, token: &Token) -> Result<bool, GuardError> {
+        let ttl = self.settings.processing_ttl.as_secs().max(1).to_string();
+        self.run::<i64>(&self.extend, order_id, &[&token.value(), &ttl])
+            .await
+            .map(|n| n == 1)
+    }
+
+    async fn inspect(&self, order_id: &str) -> Result<GuardEntry, GuardError> {
+        let (value, ttl, fingerprint): (Option<String>, i64, Option<String>) =
+            self.run(&self.inspect, order_id, &[]).await?;
+        Ok(GuardEntry {
+            ttl_seconds: value.as_ref().map(|_| ttl),
+            value,
+            fingerprint,
+        })
+    }
+}

@@ -1,0 +1,290 @@
+//! The Functions custom-handler protocol over warp (protocol.md §1–2).
+//!
+//! `POST /OrderTrigger` with `{"Data":{"eventGridEvent":…},"Metadata":{…}}` is
+//! answered with `{"Outputs":{},"Logs":[…],"ReturnValue":…}`: 200 when every
+//! event's effect is durable or it can never be (duplicates, conflicts, poison
+//! stored), 500 when Event Grid must deliver again. Every answer is a JSON
+//! object: the host hangs on an empty or `null` 2xx body. `GET /` answers the
+//! host's readiness probe. This module knows nothing of Redis or SQL.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use futures::{Stream, StreamExt};
+use serde_json::{json, Map, Value};
+use warp::http::StatusCode;
+use warp::{Filter, Rejection, Reply};
+
+use crate::processor::{Processor, TriggerResult};
+
+/// The function this handler serves (folder name and request path).
+pub const FUNCTION_NAME: &str = "OrderTrigger";
+/// The trigger's `name` in `OrderTrigger/function.json`: the key under `Data`.
+pub const BINDING_NAME: &str = "eventGridEvent";
+
+/// A request we refuse before any event is looked at.
+#[derive(Debug)]
+struct Refusal {
+    status: StatusCode,
+    message: String,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+/// The custom-handler answer (`HttpScriptInvocationResult`).
+fn invoke_response(
+    status: StatusCode,
+    logs: Vec<String>,
+    return_value: Value,
+) -> warp::reply::Response {
+    let body = json!({ "Outputs": {}, "Logs": logs, "ReturnValue": return_value });
+    warp::reply::with_status(warp::reply::json(&body), status).into_response()
+}
+
+fn refusal_response(r: Refusal) -> warp::reply::Response {
+    log::warn!("invocation refused ({}): {}", r.status.as_u16(), r.message);
+    invoke_response(
+        r.status,
+        vec![r.message.clone()],
+        json!({ "error": r.message }),
+    )
+}
+
+/// All routes: readiness, counters, the function, and JSON for everything else.
+pub fn routes(
+    processor: Arc<Processor>,
+    max_body_bytes: usize,
+) -> impl Filter<Extract = (warp::reply::Response,), Error = Infallible> + Clone {
+    let ready = warp::get().and(warp::path::end()).map(|| {
+        warp::reply::json(&json!({ "status": "ready", "function": FUNCTION_NAME })).into_response()
+    });
+    let stats_processor = Arc::clone(&processor);
+    let stats = warp::get()
+        .and(warp::path("stats"))
+        .and(warp::path::end())
+        .map(move || warp::reply::json(&stats_processor.counters()).into_response());
+    let invoke = warp::post()
+        .and(warp::path::param::<String>())
+        .and(warp::path::end())
+        .and(warp::header::optional::<u64>("content-length"))
+        .and(warp::body::stream())
+        .and_then(move |function: String, length: Option<u64>, body| {
+            let processor = Arc::clone(&processor);
+            async move {
+                let response =
+                    match invoke(&processor, &function, length, body, max_body_bytes).await {
+                        Ok(r) => r,
+                        Err(refusal) => refusal_response(refusal),
+                    };
+                Ok::<_, Rejection>(response)
+            }
+        });
+    ready
+        .or(stats)
+        .unify()
+        .or(invoke)
+        .unify()
+        .recover(recover)
+        .unify()
+}
+
+/// Anything that matched no route: a JSON error, never an empty body.
+async fn recover(rejection: Rejection) -> Result<warp::reply::Response, Infallible> {
+    let (status, message) = if rejection.is_not_found() {
+        (
+            StatusCode::NOT_FOUND,
+            format!("no such route; this handler serves POST /{FUNCTION_NAME} and GET /"),
+        )
+    } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("method not allowed; functions are invoked with POST /{FUNCTION_NAME}"),
+        )
+    } else if let Some(e) = rejection.find::<warp::reject::InvalidHeader>() {
+        (StatusCode::BAD_REQUEST, e.to_string())
+    } else {
+        (StatusCode::BAD_REQUEST, format!("{rejection:?}"))
+    };
+    Ok(refusal_response(Refusal::new(status, message)))
+}
+
+async fn invoke<S, B>(
+    processor: &Processor,
+    function: &str,
+    length: Option<u64>,
+    body: S,
+    limit: usize,
+) -> Result<warp::reply::Response, Refusal>
+where
+    S: Stream<Item = Result<B, warp::Error>> + Unpin,
+    B: Buf,
+{
+    if !function.eq_ignore_ascii_case(FUNCTION_NAME) {
+        return Err(Refusal::new(
+            StatusCode::NOT_FOUND,
+            format!("no function named {function:?}; this handler serves {FUNCTION_NAME}"),
+        ));
+    }
+    let bytes = read_body(body, length, limit).await?;
+    let trigger = trigger_value(&bytes)?;
+    let result = processor.process_trigger(trigger).await;
+    Ok(answer(result))
+}
+
+/// Read the whole body, refusing (413) past `limit` whether or not a
+/// `Content-Length` was sent (the host may send the body chunked).
+async fn read_body<S, B>(
+    mut body: S,
+    length: Option<u64>,
+    limit: usize,
+) -> Result<BytesMut, Refusal>
+where
+    S: Stream<Item = Result<B, warp::Error>> + Unpin,
+    B: Buf,
+{
+    let too_large = || {
+        Refusal::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body exceeds MAX_BODY_BYTES ({limit} bytes)"),
+        )
+    };
+    if length.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut bytes = BytesMut::with_capacity(length.unwrap_or(4096).min(limit as u64) as usize);
+    while let Some(chunk) = body.next().await {
+        let mut chunk = chunk.map_err(|e| {
+            Refusal::new(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the request body: {e}"),
+            )
+        })?;
+        if bytes.len() + chunk.remaining() > limit {
+            return Err(too_large());
+        }
+        while chunk.has_remaining() {
+            let part = chunk.chunk();
+            bytes.extend_from_slice(part);
+            let n = part.len();
+            chunk.advance(n);
+        }
+    }
+    Ok(bytes)
+}
+
+/// `Data.eventGridEvent` from an invocation body (keys matched without case).
+fn trigger_value(body: &[u8]) -> Result<Value, Refusal> {
+    let bad = |m: String| Refusal::new(StatusCode::BAD_REQUEST, m);
+    if body.is_empty() {
+        return Err(bad("empty request body; expected a Functions host invocation {\"Data\":{\"eventGridEvent\":…},\"Metadata\":{…}}".into()));
+    }
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| bad(format!("request body is not valid JSON: {e}")))?;
+    let Value::Object(mut top) = value else {
+        return Err(bad(format!(
+            "request body is JSON but not a host invocation: expected an object with \"Data\", got {}",
+            crate::order::json_kind(&value)
+        )));
+    };
+    let data = take_ci(&mut top, "Data").ok_or_else(|| {
+        bad("request body is not a host invocation: it has no \"Data\" member".into())
+    })?;
+    let Value::Object(mut data) = data else {
+        return Err(bad(format!(
+            "invocation \"Data\" must be an object keyed by binding name, got {}",
+            crate::order::json_kind(&data)
+        )));
+    };
+    let found: Vec<String> = data.keys().cloned().collect();
+    take_ci(&mut data, BINDING_NAME).ok_or_else(|| {
+        bad(format!(
+            "invocation \"Data\" has no {BINDING_NAME:?} binding (found: {found:?}); the trigger in OrderTrigger/function.json must be named {BINDING_NAME}"
+        ))
+    })
+}
+
+/// Remove `key` from `map`, matching its case exactly first, then without case.
+fn take_ci(map: &mut Map<String, Value>, key: &str) -> Option<Value> {
+    if let Some(v) = map.remove(key) {
+        return Some(v);
+    }
+    let actual = map.keys().find(|k| k.eq_ignore_ascii_case(key))?.clone();
+    map.remove(&actual)
+}
+
+/// Map the outcomes to the host's answer: all-or-none per invocation.
+fn answer(result: TriggerResult) -> warp::reply::Response {
+    let status = if result.needs_redelivery() {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::OK
+    };
+    let logs = result
+        .outcomes
+        .iter()
+        .map(|o| {
+            format!(
+                "order {} {}{}",
+                o.order_id.as_deref().unwrap_or("?"),
+                o.outcome.as_str(),
+                o.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    let return_value = if result.batch {
+        json!({ "results": result.outcomes })
+    } else {
+        serde_json::to_value(&result.outcomes[0]).unwrap_or(Value::Null)
+    };
+    invoke_response(status, logs, return_value)
+}
+
+/// Bind `addr` and serve until `shutdown` resolves, then drain in-flight
+/// invocations for at most `grace`. Returns the bound address (port 0 picks a
+/// free one) and the server future.
+pub fn bind(
+    processor: Arc<Processor>,
+    addr: SocketAddr,
+    max_body_bytes: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> anyhow::Result<(SocketAddr, impl Future<Output = ()>)> {
+    // Cancellation is sticky: whoever looks after the signal still sees it.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let signalled = stop.clone();
+    let trigger = async move {
+        shutdown.await;
+        log::info!("shutting down: no new connections; draining in-flight invocations");
+        signalled.cancel();
+    };
+    let drained = stop.clone();
+    let (bound, server) = warp::serve(routes(processor, max_body_bytes))
+        .try_bind_with_graceful_shutdown(addr, async move { drained.cancelled().await })
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let run = async move {
+        tokio::spawn(trigger);
+        let deadline = async {
+            stop.cancelled().await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            () = server => log::info!("all invocations drained"),
+            () = deadline => log::warn!("shutdown grace of {} s passed with invocations still running", grace.as_secs()),
+        }
+    };
+    Ok((bound, run))
+}

@@ -1,0 +1,17 @@
+//! order-guard: an Azure Functions custom handler that executes Event Grid
+//! orders exactly once in effect.
+//!
+//! Data flows one way (see `docs/architecture.md`):
+//! [`host`] → [`event`] → [`order`] → [`processor`] → [`guard`] / [`store`].
+//! [`config`] reads the environment; [`app`] wires the pieces together for the
+//! binary's commands.
+
+pub mod app;
+pub mod config;
+pub mod event;
+pub mod faults;
+pub mod guard;
+pub mod host;
+pub mod order;
+pub mod processor;
+pub mod store;

@@ -1,0 +1,100 @@
+//! The `order-guard` binary: the CLI over [`order_guard::app`].
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use order_guard::app;
+use order_guard::config::Config;
+
+/// Azure Functions custom handler that executes Event Grid orders exactly once
+/// in effect. Configuration comes from the environment (see README).
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the Functions host on 127.0.0.1:$FUNCTIONS_CUSTOMHANDLER_PORT (default).
+    Serve,
+    /// Create or upgrade the store's schema (idempotent).
+    Migrate,
+    /// Push a file of events through the processor, as Event Grid would deliver them.
+    Replay {
+        /// JSON array of deliveries (event objects, strings holding events, or arrays).
+        file: PathBuf,
+        /// How many deliveries are in flight at once.
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+    },
+    /// Show an order's guard key beside its stored row.
+    Status {
+        /// The order id.
+        order_id: String,
+    },
+}
+
+fn main() -> ExitCode {
+    app::init_logging();
+    order_guard::faults::setup_from_env();
+    let cli = Cli::parse();
+    let config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("order-guard: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("order-guard: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command.unwrap_or(Command::Serve), config)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("order-guard: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve => app::serve(config).await?,
+        Command::Migrate => {
+            let store = app::build_store(&config).await?;
+            store.migrate().await?;
+            println!("schema is up to date ({})", app::describe(&config));
+        }
+        Command::Replay { file, concurrency } => {
+            let deliveries = app::read_replay_file(&file)?;
+            let processor = app::build_processor(&config).await?;
+            println!(
+                "replaying {} deliveries from {} ({}, concurrency {concurrency})",
+                deliveries.len(),
+                file.display(),
+                app::describe(&config)
+            );
+            let summary = app::replay(&processor, deliveries, concurrency).await;
+            println!("{summary}");
+            if summary.unresolved > 0 {
+                eprintln!(
+                    "order-guard: {} deliveries still need a retry",
+                    summary.unresolved
+                );
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        Command::Status { order_id } => print!("{}", app::status(&config, &order_id).await?),
+    }
+    Ok(ExitCode::SUCCESS)
+}

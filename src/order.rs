@@ -1,0 +1,530 @@
+//! The order: what one event asks us to do, validated and normalized.
+//!
+//! Nothing here does I/O. Quantities and prices are parsed **exactly** from the
+//! JSON text (`serde_json` keeps number text with `arbitrary_precision`), so no
+//! binary floating point ever touches money. The canonical [`Order::fingerprint`]
+//! lets the processor tell a redelivery (same fingerprint) from a different order
+//! reusing an id (a conflict).
+
+use std::fmt;
+use std::str::FromStr;
+
+use rust_decimal::Decimal;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+/// Longest accepted `orderId`, `accountId`, `symbol` (they are keys and index columns).
+pub const MAX_ID_LEN: usize = 128;
+/// Most digits after the decimal point: the stores keep `DECIMAL(28,10)`.
+pub const MAX_SCALE: u32 = 10;
+/// Most digits before the decimal point (28 - 10).
+pub const MAX_INTEGER_DIGITS: usize = 18;
+
+/// Buy or sell. A buy adds to the position, a sell takes from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Buy,
+    Sell,
+}
+
+impl Side {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Buy => "buy",
+            Side::Sell => "sell",
+        }
+    }
+
+    /// The signed change this side makes to a position.
+    pub fn signed(self, quantity: Decimal) -> Decimal {
+        match self {
+            Side::Buy => quantity,
+            Side::Sell => -quantity,
+        }
+    }
+}
+
+impl FromStr for Side {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "buy" => Ok(Side::Buy),
+            "sell" => Ok(Side::Sell),
+            _ => Err(format!(
+                "side must be \"buy\" or \"sell\", got {:?}",
+                truncate(s, 40)
+            )),
+        }
+    }
+}
+
+/// State of an order in the store. It only ever moves forward:
+/// `Received → Executed` or `Received → Rejected`; never back, never twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderStatus {
+    Received,
+    Executed,
+    Rejected,
+}
+
+impl OrderStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Received => "Received",
+            OrderStatus::Executed => "Executed",
+            OrderStatus::Rejected => "Rejected",
+        }
+    }
+
+    /// Whether `self → next` is allowed by the forward-only rule.
+    pub fn can_move_to(self, next: OrderStatus) -> bool {
+        matches!(
+            (self, next),
+            (OrderStatus::Received, OrderStatus::Executed)
+                | (OrderStatus::Received, OrderStatus::Rejected)
+        )
+    }
+
+    /// Terminal states: a redelivery of such an order is a duplicate.
+    pub fn is_terminal(self) -> bool {
+        self != OrderStatus::Received
+    }
+}
+
+impl FromStr for OrderStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "Received" => Ok(OrderStatus::Received),
+            "Executed" => Ok(OrderStatus::Executed),
+            "Rejected" => Ok(OrderStatus::Rejected),
+            other => Err(format!("unknown order status {other:?}")),
+        }
+    }
+}
+
+/// Why an order payload was refused. The message says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidOrder(pub String);
+
+/// A validated, normalized order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Order {
+    pub order_id: String,
+    pub account_id: String,
+    pub side: Side,
+    /// Upper-cased.
+    pub symbol: String,
+    /// Exact, > 0, normalized (no trailing zeros).
+    pub quantity: Decimal,
+    pub limit_price: Option<Decimal>,
+    /// Upper-cased ISO code when given.
+    pub currency: Option<String>,
+    /// As sent by the publisher (informational).
+    pub placed_at: Option<String>,
+    fingerprint: String,
+}
+
+impl Order {
+    /// Parse and validate the event's `data` object.
+    pub fn from_data(data: &Value) -> Result<Order, InvalidOrder> {
+        let obj = data.as_object().ok_or_else(|| {
+            InvalidOrder(format!(
+                "event data must be a JSON object holding the order, got {}",
+                json_kind(data)
+            ))
+        })?;
+        let order_id = required_id(obj, "orderId")?;
+        let account_id = required_id(obj, "accountId")?;
+        let side = match obj.get("side") {
+            None | Some(Value::Null) => return Err(InvalidOrder("side is required".into())),
+            Some(Value::String(s)) => s.parse::<Side>().map_err(InvalidOrder)?,
+            Some(other) => {
+                return Err(InvalidOrder(format!(
+                    "side must be the string \"buy\" or \"sell\", got {}",
+                    json_kind(other)
+                )))
+            }
+        };
+        let symbol = required_id(obj, "symbol")?.to_ascii_uppercase();
+        let quantity = match obj.get("quantity") {
+            None | Some(Value::Null) => return Err(InvalidOrder("quantity is required".into())),
+            Some(v) => positive_decimal("quantity", v)?,
+        };
+        let limit_price = match obj.get("limitPrice") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(positive_decimal("limitPrice", v)?),
+        };
+        let currency = match obj.get("currency") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => {
+                let c = s.trim();
+                if c.len() != 3 || !c.chars().all(|ch| ch.is_ascii_alphabetic()) {
+                    return Err(InvalidOrder(format!(
+                        "currency must be a 3-letter ISO 4217 code, got {:?}",
+                        truncate(s, 40)
+                    )));
+                }
+                Some(c.to_ascii_uppercase())
+            }
+            Some(other) => {
+                return Err(InvalidOrder(format!(
+                    "currency must be a string, got {}",
+                    json_kind(other)
+                )))
+            }
+        };
+        let placed_at = match obj.get("placedAt") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.len() <= 64 && !has_control(s) => {
+                Some(s.trim().to_string())
+            }
+            Some(_) => {
+                return Err(InvalidOrder(
+                    "placedAt must be a timestamp string of at most 64 characters".into(),
+                ))
+            }
+        };
+        let mut order = Order {
+            order_id,
+            account_id,
+            side,
+            symbol,
+            quantity,
+            limit_price,
+            currency,
+            placed_at,
+            fingerprint: String::new(),
+        };
+        order.fingerprint = order.compute_fingerprint();
+        Ok(order)
+    }
+
+    /// Hex SHA-256 of the canonical form: equal for the same order whatever the
+    /// JSON key order, number formatting (`10` vs `"10.0"`) or letter case of
+    /// symbol, side and currency.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    fn compute_fingerprint(&self) -> String {
+        // Length-prefixed fields: no separator inside a value can make two
+        // different orders share a canonical text.
+        let fields = [
+            self.order_id.as_str(),
+            self.account_id.as_str(),
+            self.side.as_str(),
+            self.symbol.as_str(),
+            &self.quantity.to_string(),
+            &self.limit_price.map(|p| p.to_string()).unwrap_or_default(),
+            self.currency.as_deref().unwrap_or(""),
+            self.placed_at.as_deref().unwrap_or(""),
+        ];
+        let mut hasher = Sha256::new();
+        hasher.update(b"order-guard/v1");
+        for f in fields {
+            hasher.update((f.len() as u64).to_be_bytes());
+            hasher.update(f.as_bytes());
+        }
+        hex(&hasher.finalize())
+    }
+}
+
+impl fmt::Display for Order {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {} {} for {}",
+            self.order_id,
+            self.side.as_str(),
+            self.quantity,
+            self.symbol,
+            self.account_id
+        )
+    }
+}
+
+/// Lower-case hex of a byte string.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// The best-effort order id of a payload that failed validation, so a rejected
+/// event can still be found by id. Only a sane string id is returned.
+pub fn probable_order_id(data: &Value) -> Option<String> {
+    match data.get("orderId") {
+        Some(Value::String(s)) if valid_id(s).is_ok() => Some(s.trim().to_string()),
+        _ => None,
+    }
+}
+
+fn required_id(obj: &Map<String, Value>, field: &str) -> Result<String, InvalidOrder> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Err(InvalidOrder(format!("{field} is required"))),
+        Some(Value::String(s)) => valid_id(s)
+            .map(|()| s.trim().to_string())
+            .map_err(|why| InvalidOrder(format!("{field} {why}"))),
+        Some(other) => Err(InvalidOrder(format!(
+            "{field} must be a string, got {}",
+            json_kind(other)
+        ))),
+    }
+}
+
+fn valid_id(s: &str) -> Result<(), String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if t.chars().count() > MAX_ID_LEN {
+        return Err(format!(
+            "is {} characters long; at most {MAX_ID_LEN} are allowed",
+            t.chars().count()
+        ));
+    }
+    if has_control(t) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(())
+}
+
+fn has_control(s: &str) -> bool {
+    s.chars().any(char::is_control)
+}
+
+/// Parse an exact decimal from a JSON number or string; refuse anything that
+/// is not a plain positive decimal that fits `DECIMAL(28,10)`.
+fn positive_decimal(field: &str, v: &Value) -> Result<Decimal, InvalidOrder> {
+    let text = match v {
+        // With `arbitrary_precision` this is the number's original text.
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.trim().to_string(),
+        other => {
+            return Err(InvalidOrder(format!(
+                "{field} must be a number or a numeric string, got {}",
+                json_kind(other)
+            )))
+        }
+    };
+    let shown = truncate(&text, 48);
+    let plain = {
+        let digits = text.strip_prefix(['-', '+']).unwrap_or(&text);
+        let mut parts = digits.splitn(2, '.');
+        let int = parts.next().unwrap_or("");
+        let frac = parts.next();
+        !int.is_empty()
+            && int.bytes().all(|b| b.is_ascii_digit())
+            && frac.is_none_or(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if !plain {
+        let why = if text.contains(['e', 'E']) && text.bytes().any(|b| b.is_ascii_digit()) {
+            "exponent notation is not accepted; write the plain decimal"
+        } else {
+            "is not a decimal number"
+        };
+        return Err(InvalidOrder(format!("{field} {shown:?}: {why}")));
+    }
+    let unsigned = text.trim_start_matches(['-', '+']);
+    let int_digits = unsigned
+        .split('.')
+        .next()
+        .unwrap_or("")
+        .trim_start_matches('0')
+        .len();
+    if int_digits > MAX_INTEGER_DIGITS {
+        return Err(InvalidOrder(format!(
+            "{field} {shown:?} has {int_digits} digits before the decimal point; at most {MAX_INTEGER_DIGITS} are allowed"
+        )));
+    }
+    let frac_digits = unsigned
+        .split_once('.')
+        .map(|(_, f)| f.trim_end_matches('0').len())
+        .unwrap_or(0);
+    if frac_digits > MAX_SCALE as usize {
+        return Err(InvalidOrder(format!(
+            "{field} {shown:?} has {frac_digits} decimal places; at most {MAX_SCALE} are allowed"
+        )));
+    }
+    // Trailing zeros beyond the scale are harmless ("1.000000000000000"): drop
+    // them before parsing so the exact parse cannot overflow its scale.
+    let trimmed = match unsigned.split_once('.') {
+        Some((i, f)) => {
+            let f = f.trim_end_matches('0');
+            if f.is_empty() {
+                i.to_string()
+            } else {
+                format!("{i}.{f}")
+            }
+        }
+        None => unsigned.to_string(),
+    };
+    let mut d = Decimal::from_str_exact(&trimmed)
+        .map_err(|e| InvalidOrder(format!("{field} {shown:?}: {e}")))?;
+    if text.starts_with('-') {
+        d.set_sign_negative(true);
+    }
+    if d <= Decimal::ZERO {
+        return Err(InvalidOrder(format!(
+            "{field} must be greater than 0, got {shown}"
+        )));
+    }
+    Ok(d.normalize())
+}
+
+/// A short name for a JSON value's type, for error messages.
+pub fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// At most `max` characters of `s`, with an ellipsis when cut (for messages).
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(max).collect();
+        t.push('…');
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn order(v: Value) -> Result<Order, InvalidOrder> {
+        Order::from_data(&v)
+    }
+
+    fn base() -> Value {
+        json!({"orderId":"o-1","accountId":"a-1","side":"buy","symbol":"msft","quantity":25,"limitPrice":431.15,"currency":"usd"})
+    }
+
+    fn with(field: &str, v: Value) -> Value {
+        let mut b = base();
+        b[field] = v;
+        b
+    }
+
+    fn parsed(text: &str) -> Value {
+        serde_json::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn parses_and_normalizes_a_valid_order() {
+        let o = order(base()).unwrap();
+        assert_eq!(o.order_id, "o-1");
+        assert_eq!(o.side, Side::Buy);
+        assert_eq!(o.symbol, "MSFT");
+        assert_eq!(o.quantity, Decimal::from(25));
+        assert_eq!(o.limit_price, Some(Decimal::from_str("431.15").unwrap()));
+        assert_eq!(o.currency.as_deref(), Some("USD"));
+    }
+
+    #[test]
+    fn numbers_are_exact_not_floating_point() {
+        let o = order(parsed(
+            r#"{"orderId":"o","accountId":"a","side":"sell","symbol":"X","quantity":0.1000000001,"limitPrice":"123456789012345678.0000000001"}"#,
+        ))
+        .unwrap();
+        assert_eq!(o.quantity.to_string(), "0.1000000001");
+        assert_eq!(
+            o.limit_price.unwrap().to_string(),
+            "123456789012345678.0000000001"
+        );
+    }
+
+    #[test]
+    fn fingerprint_ignores_key_order_number_format_and_case() {
+        let a = order(parsed(
+            r#"{"orderId":"o","accountId":"a","side":"buy","symbol":"msft","quantity":10,"limitPrice":5.5}"#,
+        ))
+        .unwrap();
+        let b = order(parsed(
+            r#"{"limitPrice":"5.50","quantity":"10.0","symbol":"MSFT","side":"BUY","accountId":"a","orderId":"o"}"#,
+        ))
+        .unwrap();
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        let c = order(parsed(
+            r#"{"orderId":"o","accountId":"a","side":"buy","symbol":"msft","quantity":11,"limitPrice":5.5}"#,
+        ))
+        .unwrap();
+        assert_ne!(a.fingerprint(), c.fingerprint());
+    }
+
+    #[test]
+    fn bad_quantities_are_refused_with_a_reason() {
+        let cases = [
+            (json!(0), "greater than 0"),
+            (json!(-3), "greater than 0"),
+            (json!("abc"), "not a decimal number"),
+            (json!("NaN"), "not a decimal number"),
+            (parsed("1e3"), "exponent notation"),
+            (
+                json!("1234567890123456789012345678901234567890"),
+                "at most 18",
+            ),
+            (json!("0.00000000001"), "decimal places"),
+            (json!(true), "must be a number"),
+            (json!(""), "not a decimal number"),
+        ];
+        for (q, want) in cases {
+            let err = order(with("quantity", q.clone())).unwrap_err();
+            assert!(err.0.contains(want), "quantity {q}: {err} lacks {want:?}");
+        }
+    }
+
+    #[test]
+    fn bad_ids_and_sides_are_refused_with_a_reason() {
+        assert!(order(with("orderId", json!("")))
+            .unwrap_err()
+            .0
+            .contains("orderId must not be empty"));
+        assert!(order(with("orderId", json!("x".repeat(10_000))))
+            .unwrap_err()
+            .0
+            .contains("at most 128"));
+        assert!(order(with("orderId", json!("a\u{0007}b")))
+            .unwrap_err()
+            .0
+            .contains("control characters"));
+        assert!(order(with("orderId", json!(42)))
+            .unwrap_err()
+            .0
+            .contains("must be a string"));
+        assert!(order(with("side", json!("hold")))
+            .unwrap_err()
+            .0
+            .contains("\"buy\" or \"sell\""));
+        let mut no_symbol = base();
+        no_symbol.as_object_mut().unwrap().remove("symbol");
+        assert_eq!(order(no_symbol).unwrap_err().0, "symbol is required");
+        assert!(order(json!("text")).unwrap_err().0.contains("JSON object"));
+    }
+
+    #[test]
+    fn status_only_moves_forward() {
+        use OrderStatus::*;
+        assert!(Received.can_move_to(Executed));
+        assert!(Received.can_move_to(Rejected));
+        for s in [Executed, Rejected] {
+            for t in [Received, Executed, Rejected] {
+                assert!(!s.can_move_to(t), "{s:?} -> {t:?} must be refused");
+            }
+        }
+    }
+}

@@ -1,0 +1,544 @@
+//! The processor: the four steps of one order and the outcome table.
+//!
+//! ```text
+//! 1. guard.acquire(id)   — Redis SET NX EX (owner token)
+//! 2. store.accept(order) — INSERT under the unique index
+//! 3. store.execute(id)   — forward-only transition + position effect
+//! 4. guard.complete(id)  — COMPLETADA, long TTL
+//! ```
+//!
+//! It depends only on the two traits and on `event`/`order`; it knows no wire
+//! format. Every event ends in exactly one [`OutcomeKind`], and every event
+//! that is not executed is accounted for: counted (duplicate), stored with its
+//! reason (conflict, rejected) or handed back for a retry (in progress, retry).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fail::fail_point;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::event::{normalize, parse_envelope, Delivery};
+use crate::faults;
+use crate::guard::{Acquisition, IdempotencyGuard, Token};
+use crate::order::{probable_order_id, Order};
+use crate::store::{Admission, Execution, OrderStore, Rejection, RejectionKind, StoreError};
+
+/// How one event ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    /// This delivery did the work.
+    Executed,
+    /// Already done; nothing happened.
+    Duplicate,
+    /// Another live worker holds the order: try again later.
+    InProgress,
+    /// Same id, different content: stored in `RejectedEvents`.
+    Conflict,
+    /// Invalid event or order (poison): stored in `RejectedEvents`.
+    Rejected,
+    /// A dependency failed: try again later.
+    Retry,
+}
+
+impl OutcomeKind {
+    pub const ALL: [OutcomeKind; 6] = [
+        OutcomeKind::Executed,
+        OutcomeKind::Duplicate,
+        OutcomeKind::InProgress,
+        OutcomeKind::Conflict,
+        OutcomeKind::Rejected,
+        OutcomeKind::Retry,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeKind::Executed => "executed",
+            OutcomeKind::Duplicate => "duplicate",
+            OutcomeKind::InProgress => "in_progress",
+            OutcomeKind::Conflict => "conflict",
+            OutcomeKind::Rejected => "rejected",
+            OutcomeKind::Retry => "retry",
+        }
+    }
+
+    /// Must Event Grid deliver this event again? Only if its effect is not
+    /// durable yet: never acknowledge work that might not happen.
+    pub fn needs_redelivery(self) -> bool {
+        matches!(self, OutcomeKind::InProgress | OutcomeKind::Retry)
+    }
+}
+
+/// One event's result, as the host and `replay` report it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Outcome {
+    pub order_id: Option<String>,
+    pub event_id: Option<String>,
+    pub outcome: OutcomeKind,
+    /// Why, for everything but `executed` and `duplicate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Which guard decided: `redis`, `memory` or `unavailable`.
+    pub guard: &'static str,
+}
+
+/// The outcomes of one trigger value, in event order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriggerResult {
+    /// The trigger was an array (answered as `{"results": [...]}`).
+    pub batch: bool,
+    pub outcomes: Vec<Outcome>,
+}
+
+impl TriggerResult {
+    /// All-or-none: one event that needs redelivery makes the whole delivery
+    /// fail, and Event Grid redelivers all of it (the rest are then duplicates).
+    pub fn needs_redelivery(&self) -> bool {
+        self.outcomes.iter().any(|o| o.outcome.needs_redelivery())
+    }
+}
+
+/// What to do when the guard cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardPolicy {
+    /// Go on without it: the unique index and forward-only status still keep
+    /// the effect single; only the fast duplicate path is lost.
+    Proceed,
+    /// Answer `retry` and let Event Grid come back later.
+    Retry,
+}
+
+/// Processor settings.
+#[derive(Debug, Clone)]
+pub struct ProcessorSettings {
+    pub on_guard_unavailable: GuardPolicy,
+    /// Internal deadline per event, well inside Event Grid's 30 s.
+    pub deadline: Duration,
+}
+
+impl Default for ProcessorSettings {
+    fn default() -> Self {
+        ProcessorSettings {
+            on_guard_unavailable: GuardPolicy::Proceed,
+            deadline: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Counters an operator (and the tests) can read.
+#[derive(Debug, Default)]
+pub struct Counters {
+    outcomes: [AtomicU64; 6],
+    guard_unavailable: AtomicU64,
+    guard_errors: AtomicU64,
+}
+
+/// A point-in-time copy of [`Counters`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CountersSnapshot {
+    pub executed: u64,
+    pub duplicate: u64,
+    pub in_progress: u64,
+    pub conflict: u64,
+    pub rejected: u64,
+    pub retry: u64,
+    /// Acquires that found the guard unreachable.
+    pub guard_unavailable: u64,
+    /// Complete/release calls that failed (the store stayed the truth).
+    pub guard_errors: u64,
+}
+
+impl Counters {
+    fn count(&self, kind: OutcomeKind) {
+        self.outcomes[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> CountersSnapshot {
+        let o = |k: OutcomeKind| self.outcomes[k as usize].load(Ordering::Relaxed);
+        CountersSnapshot {
+            executed: o(OutcomeKind::Executed),
+            duplicate: o(OutcomeKind::Duplicate),
+            in_progress: o(OutcomeKind::InProgress),
+            conflict: o(OutcomeKind::Conflict),
+            rejected: o(OutcomeKind::Rejected),
+            retry: o(OutcomeKind::Retry),
+            guard_unavailable: self.guard_unavailable.load(Ordering::Relaxed),
+            guard_errors: self.guard_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Executes orders exactly once in effect.
+pub struct Processor {
+    guard: Arc<dyn IdempotencyGuard>,
+    store: Arc<dyn OrderStore>,
+    settings: ProcessorSettings,
+    counters: Counters,
+}
+
+/// An order and the event it came in, ready for the four steps.
+struct Work<'a> {
+    order: Order,
+    event_id: &'a str,
+    raw: &'a Value,
+}
+
+impl Processor {
+    pub fn new(
+        guard: Arc<dyn IdempotencyGuard>,
+        store: Arc<dyn OrderStore>,
+        settings: ProcessorSettings,
+    ) -> Processor {
+        Processor {
+            guard,
+            store,
+            settings,
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> CountersSnapshot {
+        self.counters.snapshot()
+    }
+
+    pub fn guard(&self) -> &dyn IdempotencyGuard {
+        self.guard.as_ref()
+    }
+
+    pub fn store(&self) -> &dyn OrderStore {
+        self.store.as_ref()
+    }
+
+    /// Process a trigger value (`Data.eventGridEvent`): one event or a batch.
+    /// A batch's events run concurrently; the caller answers it all-or-none.
+    pub async fn process_trigger(&self, trigger: Value) -> TriggerResult {
+        let (batch, outcomes) = match normalize(trigger.clone()) {
+            Ok(Delivery::Single(event)) => (false, vec![self.process_event(&event).await]),
+            Ok(Delivery::Batch(events)) if events.is_empty() => {
+                let reason = "the event batch is empty".to_string();
+                (true, vec![self.poison(&trigger, None, None, reason).await])
+            }
+            Ok(Delivery::Batch(events)) => {
+                let all = events.iter().map(|e| self.process_event(e));
+                (true, futures::future::join_all(all).await)
+            }
+            Err(e) => (false, vec![self.poison(&trigger, None, None, e.0).await]),
+        };
+        TriggerResult { batch, outcomes }
+    }
+
+    /// Process one event (an envelope object).
+    pub async fn process_event(&self, event: &Value) -> Outcome {
+        let envelope = match parse_envelope(event) {
+            Ok(env) => env,
+            Err(e) => {
+                let id = event.get("data").and_then(probable_order_id);
+                let eid = event.get("id").and_then(Value::as_str).map(str::to_string);
+                return self.poison(event, id, eid, e.0).await;
+            }
+        };
+        let order = match Order::from_data(&envelope.data) {
+            Ok(o) => o,
+            Err(e) => {
+                let id = probable_order_id(&envelope.data);
+                return self
+                    .poison(
+                        event,
+                        id,
+                        Some(envelope.event_id.clone()),
+                        format!("invalid order: {e}"),
+                    )
+                    .await;
+            }
+        };
+        let work = Work {
+            order,
+            event_id: &envelope.event_id,
+            raw: event,
+        };
+        let started = Instant::now();
+        let outcome = self.process_order(&work).await;
+        self.counters.count(outcome.outcome);
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let line = format!(
+            "order {} event {}: {} (guard={}, {ms:.1} ms){}",
+            work.order.order_id,
+            work.event_id,
+            outcome.outcome.as_str(),
+            outcome.guard,
+            outcome
+                .reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        );
+        match outcome.outcome {
+            OutcomeKind::Executed | OutcomeKind::Duplicate => log::info!("{line}"),
+            OutcomeKind::InProgress | OutcomeKind::Conflict | OutcomeKind::Rejected => {
+                log::warn!("{line}")
+            }
+            OutcomeKind::Retry => log::error!("{line}"),
+        }
+        outcome
+    }
+
+    async fn process_order(&self, w: &Work<'_>) -> Outcome {
+        let order = &w.order;
+        let mut guard_label = self.guard.name();
+        let token = match self.guard.acquire(&order.order_id).await {
+            Acquisition::Acquired(t) => Some(t),
+            Acquisition::Completed {
+                fingerprint: Some(fp),
+            } => {
+                if fp == order.fingerprint() {
+                    return self.outcome(w, OutcomeKind::Duplicate, None, guard_label);
+                }
+                // A different order reuses a completed id: keep it, do nothing.
+                return self.conflict(w, fp, None, guard_label).await;
+            }
+            // Completed by a writer that left no fingerprint: the store decides.
+            Acquisition::Completed { fingerprint: None } => None,
+            Acquisition::InProgress => {
+                return self.outcome(
+                    w,
+                    OutcomeKind::InProgress,
+                    Some("another worker holds this order; retry later".into()),
+                    guard_label,
+                )
+            }
+            Acquisition::Unavailable(why) => {
+                self.counters
+                    .guard_unavailable
+                    .fetch_add(1, Ordering::Relaxed);
+                guard_label = "unavailable";
+                match self.settings.on_guard_unavailable {
+                    GuardPolicy::Retry => {
+                        return self.outcome(
+                            w,
+                            OutcomeKind::Retry,
+                            Some(format!(
+                                "guard unavailable ({why}) and GUARD_UNAVAILABLE=retry"
+                            )),
+                            guard_label,
+                        )
+                    }
+                    GuardPolicy::Proceed => {
+                        log::warn!(
+                            "order {}: guard unavailable ({why}); proceeding on the store's unique index",
+                            order.order_id
+                        );
+                        None
+                    }
+                }
+            }
+        };
+        let use_guard = guard_label != "unavailable";
+        match tokio::time::timeout(self.settings.deadline, self.steps(w, use_guard)).await {
+            Ok(Ok(kind)) => self.outcome(w, kind, None, guard_label),
+            Ok(Err(Stop::Conflict(existing))) => {
+                self.conflict(w, existing, token.as_ref(), guard_label)
+                    .await
+            }
+            Ok(Err(Stop::Store(e))) => {
+                self.release(order, token.as_ref()).await;
+                self.outcome(w, OutcomeKind::Retry, Some(e.to_string()), guard_label)
+            }
+            Err(_) => {
+                self.release(order, token.as_ref()).await;
+                let why = format!(
+                    "internal deadline of {} ms passed; Event Grid will retry",
+                    self.settings.deadline.as_millis()
+                );
+                self.outcome(w, OutcomeKind::Retry, Some(why), guard_label)
+            }
+        }
+    }
+
+    /// Steps 2–4. `Ok` is a final outcome; a conflict or store failure stops.
+    async fn steps(&self, w: &Work<'_>, use_guard: bool) -> Result<OutcomeKind, Stop> {
+        let order = &w.order;
+        fail_point!(faults::AFTER_GUARD_ACQUIRE, |arg| Err(Stop::fault(
+            faults::AFTER_GUARD_ACQUIRE,
+            arg
+        )));
+        let admission = self.store.accept(order, w.event_id).await?;
+        fail_point!(faults::AFTER_ACCEPT, |arg| Err(Stop::fault(
+            faults::AFTER_ACCEPT,
+            arg
+        )));
+        let kind = match admission {
+            Admission::Conflict {
+                existing_fingerprint,
+            } => return Err(Stop::Conflict(existing_fingerprint)),
+            Admission::AlreadyDone(_) => OutcomeKind::Duplicate,
+            Admission::New | Admission::Resumed => match self.store.execute(order).await? {
+                Execution::Executed => OutcomeKind::Executed,
+                Execution::AlreadyDone => OutcomeKind::Duplicate,
+            },
+        };
+        fail_point!(faults::BEFORE_COMPLETE, |arg| Err(Stop::fault(
+            faults::BEFORE_COMPLETE,
+            arg
+        )));
+        // The store committed: the order is done whatever happens to Redis.
+        if use_guard {
+            if let Err(e) = self
+                .guard
+                .complete(&order.order_id, order.fingerprint())
+                .await
+            {
+                self.counters.guard_errors.fetch_add(1, Ordering::Relaxed);
+                log::warn!(
+                    "order {}: done, but the guard was not marked {}: {e}",
+                    order.order_id,
+                    crate::guard::COMPLETED
+                );
+            }
+        }
+        Ok(kind)
+    }
+
+    /// A different order reuses this id: store it with both fingerprints.
+    async fn conflict(
+        &self,
+        w: &Work<'_>,
+        existing: String,
+        token: Option<&Token>,
+        guard_label: &'static str,
+    ) -> Outcome {
+        let reason = format!(
+            "order id {} is already used by a different order (fingerprint {} ≠ {})",
+            w.order.order_id,
+            short(&existing),
+            short(w.order.fingerprint())
+        );
+        let rejection = Rejection {
+            kind: RejectionKind::Conflict,
+            order_id: Some(w.order.order_id.clone()),
+            event_id: Some(w.event_id.to_string()),
+            reason: reason.clone(),
+            fingerprint: Some(w.order.fingerprint().to_string()),
+            existing_fingerprint: Some(existing),
+            raw_event: w.raw.to_string(),
+        };
+        let stored = self.store.reject(&rejection).await;
+        // Our reservation (if any) must not stand for the other order.
+        self.release(&w.order, token).await;
+        match stored {
+            Ok(()) => self.outcome(w, OutcomeKind::Conflict, Some(reason), guard_label),
+            Err(e) => self.outcome(
+                w,
+                OutcomeKind::Retry,
+                Some(format!("conflict not stored ({e}); will retry")),
+                guard_label,
+            ),
+        }
+    }
+
+    /// Store a poison event with its reason. If even that fails, answer
+    /// `retry`: the event must not be lost.
+    async fn poison(
+        &self,
+        raw: &Value,
+        order_id: Option<String>,
+        event_id: Option<String>,
+        reason: String,
+    ) -> Outcome {
+        let rejection = Rejection {
+            kind: RejectionKind::Poison,
+            order_id: order_id.clone(),
+            event_id: event_id.clone(),
+            reason: reason.clone(),
+            fingerprint: None,
+            existing_fingerprint: None,
+            raw_event: raw.to_string(),
+        };
+        let (kind, reason) = match self.store.reject(&rejection).await {
+            Ok(()) => (OutcomeKind::Rejected, reason),
+            Err(e) => (
+                OutcomeKind::Retry,
+                format!("{reason}; and the rejection could not be stored ({e})"),
+            ),
+        };
+        self.counters.count(kind);
+        log::warn!(
+            "event {} (order {}): {}: {reason}",
+            event_id.as_deref().unwrap_or("?"),
+            order_id.as_deref().unwrap_or("?"),
+            kind.as_str()
+        );
+        Outcome {
+            order_id,
+            event_id,
+            outcome: kind,
+            reason: Some(reason),
+            guard: self.guard.name(),
+        }
+    }
+
+    /// Compare-and-delete our reservation so a retry need not wait for the TTL.
+    async fn release(&self, order: &Order, token: Option<&Token>) {
+        let Some(token) = token else { return };
+        let released: Result<bool, String> = async {
+            fail_point!(faults::IN_RELEASE, |arg| Err(faults::crash_or_error(
+                faults::IN_RELEASE,
+                arg
+            )));
+            self.guard
+                .release(&order.order_id, token)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .await;
+        if let Err(e) = released {
+            self.counters.guard_errors.fetch_add(1, Ordering::Relaxed);
+            log::warn!(
+                "order {}: reservation not released ({e}); it expires by its TTL",
+                order.order_id
+            );
+        }
+    }
+
+    fn outcome(
+        &self,
+        w: &Work<'_>,
+        kind: OutcomeKind,
+        reason: Option<String>,
+        guard: &'static str,
+    ) -> Outcome {
+        Outcome {
+            order_id: Some(w.order.order_id.clone()),
+            event_id: Some(w.event_id.to_string()),
+            outcome: kind,
+            reason,
+            guard,
+        }
+    }
+}
+
+/// Why the steps stopped early.
+enum Stop {
+    Conflict(String),
+    Store(StoreError),
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Stop {
+        Stop::Store(e)
+    }
+}
+
+impl Stop {
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+    fn fault(point: &str, arg: Option<String>) -> Stop {
+        Stop::Store(StoreError::Transient(faults::crash_or_error(point, arg)))
+    }
+}
+
+fn short(fp: &str) -> &str {
+    &fp[..fp.len().min(12)]
+}

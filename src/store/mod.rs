@@ -1,0 +1,155 @@
+//! The order store: the source of truth.
+//!
+//! Protocol (DESIGN.md, "Store protocol"): `accept` inserts the order under a
+//! unique index on its id, and a unique violation is not an error but a
+//! question answered from the existing row (duplicate, conflict, or resume a
+//! row a crashed worker left `Received`); `execute` moves `Received →
+//! Executed` with a conditional update and applies the position change only if
+//! that update changed exactly one row, in one transaction; `reject` keeps
+//! every event we will not execute, with its reason. Every backend runs the
+//! same conformance suite (`tests/store_conformance.rs`).
+
+mod sqlite;
+
+use async_trait::async_trait;
+use rust_decimal::Decimal;
+use sha2::{Digest, Sha256};
+
+use crate::order::{hex, Order, OrderStatus};
+
+pub use self::sqlite::SqliteStore;
+
+/// What `accept` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// The order was inserted `Received` by this call.
+    New,
+    /// The same order was already `Received` (a worker died before executing
+    /// it): go on and execute it; `execute` stays single-effect.
+    Resumed,
+    /// The same order is already terminal: a duplicate.
+    AlreadyDone(OrderStatus),
+    /// A different order holds this id.
+    Conflict { existing_fingerprint: String },
+}
+
+/// What `execute` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Execution {
+    /// This call moved the order to `Executed` and applied its effect.
+    Executed,
+    /// The order was not `Received` any more: another worker did it; no effect.
+    AlreadyDone,
+}
+
+/// Why an event is kept in `RejectedEvents`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectionKind {
+    /// The event or its order is invalid: retrying cannot fix it.
+    Poison,
+    /// Same order id, different content.
+    Conflict,
+}
+
+impl RejectionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectionKind::Poison => "poison",
+            RejectionKind::Conflict => "conflict",
+        }
+    }
+}
+
+/// An event we will not execute, with everything needed to look into it later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub kind: RejectionKind,
+    pub order_id: Option<String>,
+    pub event_id: Option<String>,
+    pub reason: String,
+    pub fingerprint: Option<String>,
+    pub existing_fingerprint: Option<String>,
+    /// The event as it arrived (JSON text).
+    pub raw_event: String,
+}
+
+impl Rejection {
+    /// Identity of this rejection: a redelivered poison event is stored once
+    /// (its delivery count goes up), not once per delivery.
+    pub fn event_hash(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(self.kind.as_str());
+        h.update([0]);
+        h.update(self.raw_event.as_bytes());
+        hex(&h.finalize())
+    }
+}
+
+/// An order row as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderRecord {
+    pub order_id: String,
+    pub fingerprint: String,
+    pub account_id: String,
+    pub side: String,
+    pub symbol: String,
+    pub quantity: Decimal,
+    pub limit_price: Option<Decimal>,
+    pub currency: Option<String>,
+    pub status: OrderStatus,
+    pub attempts: i64,
+    pub received_at: String,
+    pub executed_at: Option<String>,
+}
+
+/// A stored rejected event (for tests, audits and `status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedRecord {
+    pub kind: String,
+    pub order_id: Option<String>,
+    pub reason: String,
+    pub fingerprint: Option<String>,
+    pub existing_fingerprint: Option<String>,
+    pub raw_event: String,
+    pub deliveries: i64,
+}
+
+/// A store failure, classified for the processor.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// Worth retrying later (busy, deadlock, timeout, connection lost).
+    #[error("transient store failure: {0}")]
+    Transient(String),
+    /// Retrying the same call will not help until someone fixes something.
+    #[error("store failure: {0}")]
+    Permanent(String),
+}
+
+/// The store's operations; see the module documentation for the protocol.
+#[async_trait]
+pub trait OrderStore: Send + Sync {
+    /// `"sqlite"` or `"sqlserver"`, for logs.
+    fn name(&self) -> &'static str;
+
+    /// Create or upgrade the schema; idempotent and safe to run concurrently.
+    async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// Insert the order `Received`, or classify the row that holds its id.
+    async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError>;
+
+    /// `Received → Executed` plus the position change, once.
+    async fn execute(&self, order: &Order) -> Result<Execution, StoreError>;
+
+    /// Keep an event we will not execute.
+    async fn reject(&self, rejection: &Rejection) -> Result<(), StoreError>;
+
+    /// The order row, if any.
+    async fn order(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError>;
+
+    /// The net position of an account in a symbol (`None`: never traded).
+    async fn position(&self, account_id: &str, symbol: &str)
+        -> Result<Option<Decimal>, StoreError>;
+
+    /// Rejected events stored for an order id (`None`: those without an id).
+    async fn rejections(&self, order_id: Option<&str>) -> Result<Vec<RejectedRecord>, StoreError>;
+}
