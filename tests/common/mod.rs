@@ -1,0 +1,318 @@
+//! Shared test harness: a real `redis-server` on a free loopback port, real
+//! SQLite files, a real handler on an ephemeral port, and a host-like client.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use order_guard::guard::{GuardSettings, IdempotencyGuard, MemoryGuard, RedisGuard};
+use order_guard::processor::{Processor, ProcessorSettings};
+use order_guard::store::{OrderStore, SqliteStore};
+use serde_json::{json, Value};
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("cannot bind a loopback port")
+        .port()
+}
+
+/// The `redis-server` binary, or a panic that says how to get one.
+pub fn redis_server_binary() -> String {
+    let bin = std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into());
+    match Command::new(&bin).arg("--version").output() {
+        Ok(o) if o.status.success() => bin,
+        _ => panic!(
+            "redis-server is missing: these tests need a real Redis. Install it \
+             (`apt-get install -y redis-server`) or run `scripts/test.sh`, which does; \
+             REDIS_SERVER_BIN may point at another binary"
+        ),
+    }
+}
+
+/// A real `redis-server` owned by one test, on its own port, no persistence.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            child: None,
+            dir: tempfile::tempdir().expect("temp dir"),
+        };
+        server.launch();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Start the process and wait for its "Ready to accept connections" line.
+    fn launch(&mut self) {
+        let mut child = Command::new(redis_server_binary())
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start redis-server");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let mut tx = Some(tx);
+            for line in lines.by_ref().map_while(Result::ok) {
+                if line.contains("Ready to accept connections") {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                // Keep draining so the server never blocks on a full pipe.
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!(
+                    "redis-server on port {} did not become ready in 20 s",
+                    self.port
+                )
+            });
+        self.child = Some(child);
+    }
+
+    /// Kill the server (like a crash or a failover).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+
+    /// Run a redis-cli-like command synchronously through redis-rs.
+    pub fn cmd(&self, args: &[&str]) -> redis::Value {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut con = client.get_connection().expect("connect to test redis");
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        c.query(&mut con).expect("redis command")
+    }
+
+    pub fn get(&self, key: &str) -> Option<String> {
+        match self.cmd(&["GET", key]) {
+            redis::Value::Nil => None,
+            redis::Value::BulkString(b) => Some(String::from_utf8(b).unwrap()),
+            other => panic!("GET {key}: unexpected {other:?}"),
+        }
+    }
+
+    pub fn ttl(&self, key: &str) -> i64 {
+        match self.cmd(&["TTL", key]) {
+            redis::Value::Int(n) => n,
+            other => panic!("TTL {key}: unexpected {other:?}"),
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A guard on a test Redis with short timeouts.
+pub fn redis_guard(server: &RedisServer, settings: GuardSettings) -> Arc<RedisGuard> {
+    Arc::new(RedisGuard::new(&server.url(), settings, Duration::from_millis(500)).unwrap())
+}
+
+pub fn memory_guard() -> Arc<MemoryGuard> {
+    Arc::new(MemoryGuard::new(GuardSettings::default()))
+}
+
+/// A migrated SQLite store in a fresh temp dir (kept alive by the returned dir).
+pub async fn sqlite_store() -> (Arc<SqliteStore>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("orders.db"), Duration::from_secs(5)).unwrap();
+    store.migrate().await.unwrap();
+    (Arc::new(store), dir)
+}
+
+pub fn processor(guard: Arc<dyn IdempotencyGuard>, store: Arc<dyn OrderStore>) -> Arc<Processor> {
+    Arc::new(Processor::new(guard, store, ProcessorSettings::default()))
+}
+
+/// A unique order id for one test.
+pub fn unique_id(tag: &str) -> String {
+    format!("{tag}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// An order payload (`data`).
+pub fn order_data(id: &str, side: &str, symbol: &str, quantity: &str, account: &str) -> Value {
+    json!({
+        "orderId": id, "accountId": account, "side": side, "symbol": symbol,
+        "quantity": serde_json::from_str::<Value>(quantity).unwrap(),
+        "limitPrice": 431.15, "currency": "USD", "placedAt": "2025-06-14T09:30:02.118Z"
+    })
+}
+
+/// An Event Grid schema event around `data`.
+pub fn eg_event(data: Value) -> Value {
+    json!({
+        "id": uuid::Uuid::new_v4().to_string(),
+        "topic": "/subscriptions/1111/resourceGroups/rg/providers/Microsoft.EventGrid/topics/orders",
+        "subject": format!("orders/{}", data["orderId"].as_str().unwrap_or("?")),
+        "eventType": "Trading.Order.Placed",
+        "eventTime": "2025-06-14T09:30:02.1180000Z",
+        "data": data, "dataVersion": "1.0", "metadataVersion": "1"
+    })
+}
+
+/// A CloudEvents 1.0 event around `data`.
+pub fn cloud_event(data: Value) -> Value {
+    json!({
+        "specversion": "1.0", "type": "Trading.Order.Placed",
+        "source": "/subscriptions/1111/resourceGroups/rg/providers/Microsoft.EventGrid/topics/orders",
+        "id": uuid::Uuid::new_v4().to_string(), "time": "2025-06-14T09:31:45.902Z",
+        "subject": "orders/x", "datacontenttype": "application/json", "data": data
+    })
+}
+
+/// The body the Functions host sends for a trigger value (protocol.md §6.2).
+pub fn invocation(trigger: Value) -> Value {
+    let data = trigger.get("data").cloned().unwrap_or(Value::Null);
+    json!({
+        "Data": { "eventGridEvent": trigger },
+        "Metadata": { "data": data, "sys": {
+            "MethodName": "OrderTrigger", "UtcNow": "2025-06-14T09:30:02.4471234Z",
+            "RandGuid": uuid::Uuid::new_v4().to_string() } }
+    })
+}
+
+/// A handler served on an ephemeral loopback port, stopped on drop.
+pub struct Handler {
+    pub addr: SocketAddr,
+    pub processor: Arc<Processor>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Handler {
+    pub async fn start(processor: Arc<Processor>, max_body: usize) -> Handler {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr, server) = order_guard::host::bind(
+            Arc::clone(&processor),
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            max_body,
+            async move {
+                let _ = rx.await;
+            },
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let task = tokio::spawn(server);
+        Handler {
+            addr,
+            processor,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Signal shutdown and wait until the server has drained.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap();
+        }
+    }
+}
+
+/// What the handler answered.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Value,
+}
+
+/// Send a request the way the host does (headers of protocol.md §1.2).
+pub async fn send(method: &str, url: &str, body: Vec<u8>, chunked: bool) -> Answer {
+    let client = hyper::Client::new();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("Content-Type", "application/json; charset=utf-8")
+        .header(
+            "X-Azure-Functions-InvocationId",
+            uuid::Uuid::new_v4().to_string(),
+        )
+        .header("X-Azure-Functions-HostVersion", "4.1037.0.0")
+        .header("User-Agent", "Azure-Functions-Host/4.1037.0.0");
+    let body = if chunked {
+        // A streamed body: no Content-Length, Transfer-Encoding: chunked.
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+            body.chunks(7).map(|c| Ok(c.to_vec())).collect();
+        hyper::Body::wrap_stream(futures::stream::iter(chunks))
+    } else {
+        req = req.header("Content-Length", body.len());
+        hyper::Body::from(body)
+    };
+    let resp = client
+        .request(req.body(body).unwrap())
+        .await
+        .expect("request");
+    let status = resp.status().as_u16();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let bytes = hyper::body::to_bytes(resp.into_body()).await.unwrap();
+    let body = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!(
+            "answer is not JSON ({e}): {:?} — the host would fail or hang on it",
+            String::from_utf8_lossy(&bytes)
+        )
+    });
+    Answer {
+        status,
+        content_type,
+        body,
+    }
+}
+
+/// POST an invocation body to /OrderTrigger.
+pub async fn invoke(handler: &Handler, body: &Value) -> Answer {
+    send(
+        "POST",
+        &handler.url("/OrderTrigger"),
+        serde_json::to_vec(body).unwrap(),
+        false,
+    )
+    .await
+}
