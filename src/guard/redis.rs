@@ -20,7 +20,7 @@ use super::{
 /// fingerprint in the same script (keys cannot expire mid-script).
 const ACQUIRE: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
-  return {1}
+  return {1, false, false}
 end
 return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
 ";
