@@ -27,7 +27,7 @@ use crate::order::{probable_order_id, Order};
 use crate::store::{Admission, Execution, OrderStore, Rejection, RejectionKind, StoreError};
 
 /// How one event ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutcomeKind {
     /// This delivery did the work.
