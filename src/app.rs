@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::config::{Config, GuardConfig, StoreConfig};
 use crate::guard::{IdempotencyGuard, MemoryGuard, RedisGuard};
 use crate::processor::{Outcome, OutcomeKind, Processor};
-use crate::store::{OrderStore, SqliteStore};
+use crate::store::{OrderStore, SqlServerStore, SqliteStore};
 
 /// Log to **stdout**: the Functions host turns every stderr line into an
 /// Error log. `RUST_LOG` sets the filter (default `info`).
@@ -40,9 +40,9 @@ pub fn build_guard(config: &Config) -> anyhow::Result<Arc<dyn IdempotencyGuard>>
 pub async fn build_store(config: &Config) -> anyhow::Result<Arc<dyn OrderStore>> {
     Ok(match &config.store {
         StoreConfig::Sqlite { path } => Arc::new(SqliteStore::open(path, config.sql.busy_timeout)?),
-        StoreConfig::SqlServer { .. } => anyhow::bail!(
-            "SQL_CONNECTION_STRING: the SQL Server store is not built into this version; use sqlite:PATH or leave it empty"
-        ),
+        StoreConfig::SqlServer { connection_string } => {
+            Arc::new(SqlServerStore::connect(connection_string, &config.sql)?)
+        }
     })
 }
 
@@ -70,22 +70,62 @@ fn redact_url(url: &str) -> String {
     }
 }
 
-/// Guard + store + processor, with the store migrated when it is SQLite (the
-/// embedded default should just work); SQL Server is migrated explicitly.
+/// Guard + store + processor, with the store's schema created or checked
+/// first (idempotent and serialized across processes on both stores), so a
+/// fresh database just works. A SQL Server that cannot be migrated at start
+/// does not stop the handler: invocations answer `retry` (Event Grid keeps
+/// the events) until it is reachable and migrated.
 pub async fn build_processor(config: &Config) -> anyhow::Result<Arc<Processor>> {
     let guard = build_guard(config)?;
     let store = build_store(config).await?;
-    if matches!(config.store, StoreConfig::Sqlite { .. }) {
-        store
-            .migrate()
-            .await
-            .context("creating the SQLite schema")?;
+    // SQLite waits out a briefly locked file; SQL Server serves degraded below.
+    let migrated = match &config.store {
+        StoreConfig::Sqlite { .. } => migrate_at_start(store.as_ref()).await,
+        StoreConfig::SqlServer { .. } => store.migrate().await,
+    };
+    if let Err(e) = migrated {
+        match &config.store {
+            StoreConfig::Sqlite { .. } => {
+                return Err(e).context("creating the SQLite schema");
+            }
+            StoreConfig::SqlServer { .. } => log::error!(
+                "SQL Server schema not checked at start ({e}); invocations answer `retry` until the database is reachable and migrated (`order-guard migrate`)"
+            ),
+        }
     }
     Ok(Arc::new(Processor::new(
         guard,
         store,
         config.processor.clone(),
     )))
+}
+
+/// How long a start waits out a database that is briefly busy or locked
+/// (another process's transaction, a failover) before giving up: well inside
+/// the host's 30 s start limit, so one start does not become a failed start
+/// (the host shuts down after 3 of those).
+const MIGRATE_AT_START_PATIENCE: Duration = Duration::from_secs(20);
+
+/// `migrate`, retrying transient failures with back-off for a bounded time.
+async fn migrate_at_start(store: &dyn OrderStore) -> Result<(), crate::store::StoreError> {
+    let started = std::time::Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match store.migrate().await {
+            Err(crate::store::StoreError::Transient(e))
+                if started.elapsed() + pause < MIGRATE_AT_START_PATIENCE =>
+            {
+                log::warn!(
+                    "{} schema not checked yet ({e}); retrying in {} ms",
+                    store.name(),
+                    pause.as_millis()
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// `serve`: listen on 127.0.0.1:$FUNCTIONS_CUSTOMHANDLER_PORT until SIGTERM/SIGINT.

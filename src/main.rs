@@ -26,8 +26,8 @@ enum Command {
     Replay {
         /// JSON array of deliveries (event objects, strings holding events, or arrays).
         file: PathBuf,
-        /// How many deliveries are in flight at once.
-        #[arg(long, default_value_t = 8)]
+        /// How many deliveries are in flight at once (1 keeps the file's order).
+        #[arg(long, default_value_t = 1)]
         concurrency: usize,
     },
     /// Show an order's guard key beside its stored row.

@@ -209,3 +209,41 @@ async fn sqlite_store() -> Option<(Arc<dyn OrderStore>, tempfile::TempDir)> {
 }
 
 conformance!(sqlite, sqlite_store());
+
+/// The SQL Server store when `ORDER_GUARD_TEST_MSSQL` holds an ADO.NET
+/// connection string (migrated first); otherwise `None`, after saying so: the
+/// checks then do not run, they do not pass.
+async fn sqlserver_store() -> Option<(Arc<dyn OrderStore>, ())> {
+    let cs = match std::env::var("ORDER_GUARD_TEST_MSSQL") {
+        Ok(cs) if !cs.trim().is_empty() => cs,
+        _ => {
+            // Written to the real stderr, once: libtest would hide eprintln!.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SQL Server conformance suite NOT RUN: set ORDER_GUARD_TEST_MSSQL to an ADO.NET \
+                     connection string (e.g. \"Server=tcp:127.0.0.1,1433;Database=orders;User ID=sa;\
+                     Password=...;TrustServerCertificate=True\") to run it"
+                );
+            });
+            return None;
+        }
+    };
+    let settings = order_guard::config::SqlSettings {
+        connect_timeout: std::time::Duration::from_secs(10),
+        query_timeout: std::time::Duration::from_secs(20),
+        pool_size: 20,
+        busy_timeout: std::time::Duration::from_secs(5),
+    };
+    let store = order_guard::store::SqlServerStore::connect(&cs, &settings)
+        .expect("ORDER_GUARD_TEST_MSSQL is not a usable connection string");
+    store
+        .migrate()
+        .await
+        .expect("cannot migrate the SQL Server named by ORDER_GUARD_TEST_MSSQL");
+    Some((Arc::new(store) as Arc<dyn OrderStore>, ()))
+}
+
+conformance!(sqlserver, sqlserver_store());

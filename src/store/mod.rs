@@ -10,6 +10,7 @@
 //! same conformance suite (`tests/store_conformance.rs`).
 
 mod sqlite;
+pub mod sqlserver;
 
 use async_trait::async_trait;
 use rust_decimal::Decimal;
@@ -18,6 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::order::{hex, Order, OrderStatus};
 
 pub use self::sqlite::SqliteStore;
+pub use self::sqlserver::SqlServerStore;
 
 /// What `accept` found.
 #[derive(Debug, Clone, PartialEq, Eq)]

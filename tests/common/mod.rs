@@ -43,8 +43,13 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
+        RedisServer::start_on(free_port())
+    }
+
+    /// Start on a given port (e.g. one a handler was already told to use).
+    pub fn start_on(port: u16) -> RedisServer {
         let mut server = RedisServer {
-            port: free_port(),
+            port,
             child: None,
             dir: tempfile::tempdir().expect("temp dir"),
         };
@@ -54,6 +59,32 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's process id (for SIGSTOP/SIGCONT), `None` while stopped.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Every key matching `pattern` with its value (strings only) and TTL.
+    pub fn keys_with_ttl(&self, pattern: &str) -> Vec<(String, Option<String>, i64)> {
+        let keys: Vec<String> = match self.cmd(&["KEYS", pattern]) {
+            redis::Value::Array(items) => items
+                .into_iter()
+                .map(|v| match v {
+                    redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+                    other => panic!("KEYS {pattern}: unexpected {other:?}"),
+                })
+                .collect(),
+            other => panic!("KEYS {pattern}: unexpected {other:?}"),
+        };
+        keys.into_iter()
+            .map(|k| {
+                let v = self.get(&k);
+                let ttl = self.ttl(&k);
+                (k, v, ttl)
+            })
+            .collect()
     }
 
     /// Start the process and wait for its "Ready to accept connections" line.
@@ -315,4 +346,215 @@ pub async fn invoke(handler: &Handler, body: &Value) -> Answer {
         false,
     )
     .await
+}
+
+/// Send `signal` (a name such as `TERM`, `STOP`, `CONT`, `KILL`) to a process
+/// with the system's `kill`, failing loudly when that is not possible.
+pub fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args(["-s", signal, &pid.to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run `kill` to send SIG{signal}: {e}"));
+    assert!(status.success(), "kill -s {signal} {pid} failed: {status}");
+}
+
+/// An answer as raw bytes, for judging it the way the host does.
+#[derive(Debug, Clone)]
+pub struct RawAnswer {
+    pub status: u16,
+    pub content_type: String,
+    pub bytes: Vec<u8>,
+}
+
+/// What the Functions host makes of an answer (protocol.md §6.3).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// 2xx, JSON-typed, a JSON object: the invocation succeeded.
+    Succeeded(Value),
+    /// Non-2xx, wrong content type or unparsable body: the invocation failed
+    /// and Event Grid will deliver again (the body, when JSON, for diagnosis).
+    Failed { status: u16, body: Option<Value> },
+    /// 2xx with an empty or `null` body: the host would hang until its
+    /// function timeout. Always a test failure.
+    Hang,
+}
+
+impl RawAnswer {
+    /// The body as JSON, if it is.
+    pub fn json(&self) -> Option<Value> {
+        serde_json::from_slice(&self.bytes).ok()
+    }
+
+    /// Judge the answer as the host does (protocol.md §6.3).
+    pub fn verdict(&self) -> Verdict {
+        let text = String::from_utf8_lossy(&self.bytes);
+        if !(200..=299).contains(&self.status) {
+            return Verdict::Failed {
+                status: self.status,
+                body: self.json(),
+            };
+        }
+        if text.trim().is_empty() || text.trim() == "null" {
+            return Verdict::Hang;
+        }
+        let ct = self.content_type.to_ascii_lowercase();
+        let media = ct.split(';').next().unwrap_or("").trim();
+        if media != "application/json" && media != "text/json" {
+            return Verdict::Failed {
+                status: self.status,
+                body: None,
+            };
+        }
+        match self.json() {
+            Some(v @ Value::Object(_)) => Verdict::Succeeded(v),
+            _ => Verdict::Failed {
+                status: self.status,
+                body: None,
+            },
+        }
+    }
+}
+
+/// Send a request the way the host does, without judging or panicking:
+/// connection errors and `timeout` (the harness's function timeout) come
+/// back as `Err`.
+pub async fn try_send(
+    client: &hyper::Client<hyper::client::HttpConnector>,
+    url: &str,
+    body: Vec<u8>,
+    chunked: bool,
+    timeout: Duration,
+) -> Result<RawAnswer, String> {
+    let mut req = hyper::Request::builder()
+        .method("POST")
+        .uri(url)
+        .header("Content-Type", "application/json; charset=utf-8")
+        .header(
+            "X-Azure-Functions-InvocationId",
+            uuid::Uuid::new_v4().to_string(),
+        )
+        .header("X-Azure-Functions-HostVersion", "4.1037.0.0")
+        .header("User-Agent", "Azure-Functions-Host/4.1037.0.0");
+    let body = if chunked {
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+            body.chunks(4096).map(|c| Ok(c.to_vec())).collect();
+        hyper::Body::wrap_stream(futures::stream::iter(chunks))
+    } else {
+        req = req.header("Content-Length", body.len());
+        hyper::Body::from(body)
+    };
+    let request = req.body(body).map_err(|e| e.to_string())?;
+    let exchange = async {
+        let resp = client.request(request).await.map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let bytes = hyper::body::to_bytes(resp.into_body())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(RawAnswer {
+            status,
+            content_type,
+            bytes: bytes.to_vec(),
+        })
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "no answer within the harness's function timeout ({} ms)",
+            timeout.as_millis()
+        )),
+    }
+}
+
+/// The `order-guard` binary cargo built for this test run.
+pub fn handler_binary() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_order-guard"))
+}
+
+/// Environment for one handler process, as the Functions host sets it
+/// (protocol.md §6.1) plus the app settings given.
+pub fn handler_env(port: u16, app_root: &std::path::Path) -> Vec<(String, String)> {
+    let worker = uuid::Uuid::new_v4().to_string();
+    vec![
+        ("FUNCTIONS_CUSTOMHANDLER_PORT".into(), port.to_string()),
+        ("FUNCTIONS_HTTPWORKER_PORT".into(), port.to_string()),
+        ("FUNCTIONS_CUSTOMHANDLER_WORKER_ID".into(), worker.clone()),
+        ("FUNCTIONS_HTTPWORKER_ID".into(), worker),
+        (
+            "FUNCTIONS_APP_ROOT_PATH".into(),
+            app_root.display().to_string(),
+        ),
+    ]
+}
+
+/// Start `order-guard serve` with `env` (on top of a clean environment for
+/// the handler's own settings), stdout and stderr appended to `log`. The
+/// child is killed when dropped.
+pub fn spawn_handler(
+    binary: &std::path::Path,
+    env: &[(String, String)],
+    log: &std::path::Path,
+) -> tokio::process::Child {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap_or_else(|e| panic!("cannot open handler log {}: {e}", log.display()));
+    let err = out.try_clone().expect("clone log handle");
+    let mut cmd = tokio::process::Command::new(binary);
+    cmd.arg("serve")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true);
+    for var in [
+        "REDIS_URL",
+        "SQL_CONNECTION_STRING",
+        "FAILPOINTS",
+        "GUARD_UNAVAILABLE",
+        "GUARD_KEY_PREFIX",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    if let Some(root) = env.iter().find(|(k, _)| k == "FUNCTIONS_APP_ROOT_PATH") {
+        cmd.current_dir(&root.1);
+    }
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()))
+}
+
+/// Probe `GET /` like the host (every 25 ms, any HTTP answer means ready)
+/// until the handler answers, its process exits, or `limit` passes.
+pub async fn wait_ready(
+    port: u16,
+    child: &mut tokio::process::Child,
+    limit: Duration,
+) -> Result<(), String> {
+    let client = hyper::Client::new();
+    let url: hyper::Uri = format!("http://127.0.0.1:{port}/").parse().unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("the handler exited before it was ready: {status}"));
+        }
+        let probe = tokio::time::timeout(Duration::from_secs(2), client.get(url.clone())).await;
+        if let Ok(Ok(_)) = probe {
+            return Ok(());
+        }
+        if started.elapsed() > limit {
+            return Err(format!(
+                "the handler did not answer GET / on port {port} within {} s",
+                limit.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }

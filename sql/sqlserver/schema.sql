@@ -1,0 +1,93 @@
+-- order-guard schema for SQL Server / Azure SQL (version 1).
+--
+-- Applied by `order-guard migrate` (and at `serve` start) inside one
+-- transaction that first takes an exclusive application lock
+-- (sp_getapplock), so two processes migrating at once run one after the
+-- other. Every batch checks before it creates, so running it twice is a no-op.
+-- Batches are separated by lines holding only GO; each is sent on its own.
+--
+-- Portable T-SQL only (docs/protocol.md 7.4): no MERGE, no CREATE OR ALTER,
+-- no ROWVERSION, no sys.dm_* views. Money is DECIMAL(28,10), exact.
+-- Column names match the SQLite schema (sql/sqlite/schema.sql).
+
+IF OBJECT_ID(N'dbo.SchemaVersion', N'U') IS NULL
+    CREATE TABLE dbo.SchemaVersion (
+        Version   INT          NOT NULL,
+        AppliedAt DATETIME2(3) NOT NULL,
+        CONSTRAINT PK_SchemaVersion PRIMARY KEY (Version)
+    );
+GO
+
+IF OBJECT_ID(N'dbo.Orders', N'U') IS NULL
+    CREATE TABLE dbo.Orders (
+        Id          BIGINT IDENTITY(1, 1) NOT NULL,
+        OrderId     NVARCHAR(128)  NOT NULL,
+        Fingerprint NVARCHAR(128)  NOT NULL,
+        EventId     NVARCHAR(MAX)  NULL,
+        AccountId   NVARCHAR(128)  NOT NULL,
+        Side        NVARCHAR(8)    NOT NULL,
+        Symbol      NVARCHAR(128)  NOT NULL,
+        Quantity    DECIMAL(28, 10) NOT NULL,
+        LimitPrice  DECIMAL(28, 10) NULL,
+        Currency    NVARCHAR(16)   NULL,
+        PlacedAt    NVARCHAR(64)   NULL,
+        Status      NVARCHAR(16)   NOT NULL,
+        Attempts    BIGINT         NOT NULL CONSTRAINT DF_Orders_Attempts DEFAULT 1,
+        ReceivedAt  DATETIME2(3)   NOT NULL,
+        ExecutedAt  DATETIME2(3)   NULL,
+        CONSTRAINT PK_Orders PRIMARY KEY (Id),
+        CONSTRAINT CK_Orders_Side CHECK (Side IN (N'buy', N'sell')),
+        CONSTRAINT CK_Orders_Status CHECK (Status IN (N'Received', N'Executed', N'Rejected'))
+    );
+GO
+
+-- The last line of defence: a duplicate that got past the guard fails here
+-- with error 2601 (2627 on some compatible engines).
+IF NOT EXISTS (SELECT 1 FROM sys.indexes
+                WHERE name = N'UX_Orders_OrderId' AND object_id = OBJECT_ID(N'dbo.Orders'))
+    CREATE UNIQUE INDEX UX_Orders_OrderId ON dbo.Orders (OrderId);
+GO
+
+IF OBJECT_ID(N'dbo.Positions', N'U') IS NULL
+    CREATE TABLE dbo.Positions (
+        AccountId NVARCHAR(128)   NOT NULL,
+        Symbol    NVARCHAR(128)   NOT NULL,
+        Quantity  DECIMAL(28, 10) NOT NULL,
+        UpdatedAt DATETIME2(3)    NOT NULL,
+        CONSTRAINT PK_Positions PRIMARY KEY (AccountId, Symbol)
+    );
+GO
+
+IF OBJECT_ID(N'dbo.RejectedEvents', N'U') IS NULL
+    CREATE TABLE dbo.RejectedEvents (
+        Id                  BIGINT IDENTITY(1, 1) NOT NULL,
+        EventHash           NVARCHAR(64)  NOT NULL,
+        Kind                NVARCHAR(16)  NOT NULL,
+        OrderId             NVARCHAR(128) NULL,
+        EventId             NVARCHAR(MAX) NULL,
+        Reason              NVARCHAR(MAX) NOT NULL,
+        Fingerprint         NVARCHAR(128) NULL,
+        ExistingFingerprint NVARCHAR(128) NULL,
+        RawEvent            NVARCHAR(MAX) NOT NULL,
+        Deliveries          BIGINT        NOT NULL CONSTRAINT DF_RejectedEvents_Deliveries DEFAULT 1,
+        FirstSeenAt         DATETIME2(3)  NOT NULL,
+        LastSeenAt          DATETIME2(3)  NOT NULL,
+        CONSTRAINT PK_RejectedEvents PRIMARY KEY (Id),
+        CONSTRAINT CK_RejectedEvents_Kind CHECK (Kind IN (N'poison', N'conflict'))
+    );
+GO
+
+-- A redelivered rejected event is counted (Deliveries), not stored again.
+IF NOT EXISTS (SELECT 1 FROM sys.indexes
+                WHERE name = N'UX_RejectedEvents_EventHash' AND object_id = OBJECT_ID(N'dbo.RejectedEvents'))
+    CREATE UNIQUE INDEX UX_RejectedEvents_EventHash ON dbo.RejectedEvents (EventHash);
+GO
+
+IF NOT EXISTS (SELECT 1 FROM sys.indexes
+                WHERE name = N'IX_RejectedEvents_OrderId' AND object_id = OBJECT_ID(N'dbo.RejectedEvents'))
+    CREATE INDEX IX_RejectedEvents_OrderId ON dbo.RejectedEvents (OrderId);
+GO
+
+IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 1)
+    INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (1, SYSUTCDATETIME());
+GO

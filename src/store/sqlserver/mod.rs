@@ -1,0 +1,474 @@
+//! `SqlServerStore`: SQL Server / Azure SQL as the source of truth.
+//!
+//! Same protocol as the SQLite store (see `store/mod.rs`): `accept` inserts
+//! and lets the unique index on `OrderId` answer duplicates (2601/2627 → read
+//! the row and classify); `execute` is one transaction whose conditional
+//! `UPDATE … WHERE Status='Received'` decides whether the position changes;
+//! `reject` keeps each rejected event once, counting redeliveries.
+//!
+//! Every call takes a pooled connection (bb8, [`pool`]), runs under the
+//! query timeout, and retries at most once, at once, when the connection
+//! turned out to be dead; longer back-off is Event Grid's job. Statements
+//! live in [`sql`], error numbers in [`classify`], the connection string in
+//! [`connstr`], managed-identity tokens in [`aad`].
+
+pub mod aad;
+pub mod classify;
+pub mod connstr;
+pub mod pool;
+pub mod sql;
+
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rust_decimal::Decimal;
+use tiberius::error::Error as SqlError;
+use tiberius::Row;
+
+use self::aad::ManagedIdentity;
+use self::connstr::{Auth, SqlConnInfo};
+use self::pool::{Client, SqlConnectionManager};
+use super::{Admission, Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, StoreError};
+use crate::config::SqlSettings;
+use crate::order::{Order, OrderStatus};
+
+/// Pooled connections are replaced after this long, so a failover or a
+/// rebalanced gateway is picked up even on a busy, never-idle pool.
+const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
+/// Idle connections are closed after this long.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// Pause before the one retry on a dropped connection.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// SQL Server-backed store.
+pub struct SqlServerStore {
+    pool: bb8::Pool<SqlConnectionManager>,
+    last_connect_error: Arc<Mutex<Option<String>>>,
+    connect_timeout: Duration,
+    query_timeout: Duration,
+    description: String,
+}
+
+/// Run `$body` (an expression using `$client: &mut Client`) on a pooled
+/// connection within `$timeout`, retrying once on a fresh connection when
+/// the first one was dead. A connection whose request did not complete is
+/// never returned to the pool.
+macro_rules! with_client {
+    ($self:ident, $what:expr, $timeout:expr, |$client:ident| $body:expr) => {{
+        let what: &str = $what;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut conn = $self.checkout(what).await?;
+            conn.broken = true;
+            let result = {
+                let $client: &mut Client = &mut conn.client;
+                tokio::time::timeout($timeout, $body).await
+            };
+            match result {
+                Err(_) => break Err(classify::query_timeout(what, $timeout)),
+                Ok(Ok(value)) => {
+                    conn.broken = false;
+                    break Ok(value);
+                }
+                Ok(Err(e)) if classify::is_connection_lost(&e) && attempt == 1 => {
+                    log::warn!("{what}: connection lost ({e}); retrying once on a new connection");
+                    drop(conn);
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Ok(Err(e)) => {
+                    conn.broken = classify::is_connection_lost(&e);
+                    break Err(classify::classify(what, &e));
+                }
+            }
+        }
+    }};
+}
+
+impl SqlServerStore {
+    /// Parse the connection string (failing at once, naming the problem and
+    /// never the password) and set up the pool. No connection is opened yet:
+    /// the first call (normally `migrate`) opens one.
+    pub fn connect(connection_string: &str, settings: &SqlSettings) -> Result<Self, StoreError> {
+        let info = SqlConnInfo::parse(connection_string)
+            .map_err(|e| StoreError::Permanent(e.to_string()))?;
+        let identity = match &info.auth {
+            Auth::ManagedIdentity { client_id } => Some(Arc::new(
+                ManagedIdentity::from_env(client_id.clone(), settings.connect_timeout)
+                    .map_err(|e| StoreError::Permanent(e.to_string()))?,
+            )),
+            Auth::SqlPassword { .. } => None,
+        };
+        Ok(Self::with_manager(
+            SqlConnectionManager::new(info.tiberius_config(), identity, settings.connect_timeout),
+            settings,
+            info.to_string(),
+        ))
+    }
+
+    /// A store over an explicit connection manager (tests use it to supply a
+    /// managed identity with a local endpoint).
+    pub fn with_manager(
+        manager: SqlConnectionManager,
+        settings: &SqlSettings,
+        description: String,
+    ) -> Self {
+        let last_connect_error = manager.last_error();
+        let pool = bb8::Pool::builder()
+            .max_size(settings.pool_size.max(1))
+            .min_idle(None)
+            .connection_timeout(settings.connect_timeout)
+            .test_on_check_out(true)
+            .max_lifetime(Some(MAX_CONNECTION_LIFETIME))
+            .idle_timeout(Some(IDLE_TIMEOUT))
+            .build_unchecked(manager);
+        log::info!(
+            "SQL Server store: {description}, pool of {}, connect timeout {} s, query timeout {} s",
+            settings.pool_size,
+            settings.connect_timeout.as_secs(),
+            settings.query_timeout.as_secs()
+        );
+        SqlServerStore {
+            pool,
+            last_connect_error,
+            connect_timeout: settings.connect_timeout,
+            query_timeout: settings.query_timeout,
+            description,
+        }
+    }
+
+    /// Where the store points (host, port, database, login kind; no secret).
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    async fn checkout(
+        &self,
+        what: &str,
+    ) -> Result<bb8::PooledConnection<'_, SqlConnectionManager>, StoreError> {
+        match self.pool.get().await {
+            Ok(conn) => Ok(conn),
+            Err(bb8::RunError::User(e)) => Err(StoreError::Transient(format!("{what}: {e}"))),
+            Err(bb8::RunError::TimedOut) => {
+                let last = self
+                    .last_connect_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                Err(classify::pool_timeout(what, self.connect_timeout, last))
+            }
+        }
+    }
+}
+
+fn conversion(msg: String) -> SqlError {
+    SqlError::Conversion(msg.into())
+}
+
+fn text(row: &Row, idx: usize, name: &str) -> Result<String, SqlError> {
+    row.try_get::<&str, _>(idx)?
+        .map(str::to_string)
+        .ok_or_else(|| conversion(format!("{name} is NULL")))
+}
+
+fn opt_text(row: &Row, idx: usize) -> Result<Option<String>, SqlError> {
+    Ok(row.try_get::<&str, _>(idx)?.map(str::to_string))
+}
+
+fn decimal(row: &Row, idx: usize, name: &str) -> Result<Decimal, SqlError> {
+    row.try_get::<Decimal, _>(idx)?
+        .map(|d| d.normalize())
+        .ok_or_else(|| conversion(format!("{name} is NULL")))
+}
+
+fn int(row: &Row, idx: usize, name: &str) -> Result<i64, SqlError> {
+    row.try_get::<i64, _>(idx)?
+        .ok_or_else(|| conversion(format!("{name} is NULL")))
+}
+
+/// `DATETIME2` converted with style 126 has no zone; the store writes UTC.
+fn utc(t: Option<String>) -> Option<String> {
+    t.map(|t| format!("{t}Z"))
+}
+
+async fn run(client: &mut Client, statement: &str) -> Result<(), SqlError> {
+    client.simple_query(statement).await?.into_results().await?;
+    Ok(())
+}
+
+async fn rollback(client: &mut Client) {
+    if let Err(e) = run(client, sql::ROLLBACK).await {
+        log::warn!("rollback failed ({e}); the server rolls back when the connection closes");
+    }
+}
+
+async fn read_order(client: &mut Client, order_id: &str) -> Result<Option<OrderRecord>, SqlError> {
+    let row = client
+        .query(sql::SELECT_ORDER, &[&order_id])
+        .await?
+        .into_row()
+        .await?;
+    let Some(r) = row else { return Ok(None) };
+    let status = text(&r, 8, "Status")?;
+    Ok(Some(OrderRecord {
+        order_id: text(&r, 0, "OrderId")?,
+        fingerprint: text(&r, 1, "Fingerprint")?,
+        account_id: text(&r, 2, "AccountId")?,
+        side: text(&r, 3, "Side")?,
+        symbol: text(&r, 4, "Symbol")?,
+        quantity: decimal(&r, 5, "Quantity")?,
+        limit_price: r.try_get::<Decimal, _>(6)?.map(|d| d.normalize()),
+        currency: opt_text(&r, 7)?,
+        status: OrderStatus::from_str(&status).map_err(conversion)?,
+        attempts: int(&r, 9, "Attempts")?,
+        received_at: utc(opt_text(&r, 10)?).unwrap_or_default(),
+        executed_at: utc(opt_text(&r, 11)?),
+    }))
+}
+
+async fn accept_on(client: &mut Client, o: &Order, event_id: &str) -> Result<Admission, SqlError> {
+    let inserted = client
+        .execute(
+            sql::INSERT_ORDER,
+            &[
+                &o.order_id.as_str(),
+                &o.fingerprint(),
+                &event_id,
+                &o.account_id.as_str(),
+                &o.side.as_str(),
+                &o.symbol.as_str(),
+                &o.quantity,
+                &o.limit_price,
+                &o.currency.as_deref(),
+                &o.placed_at.as_deref(),
+            ],
+        )
+        .await;
+    match inserted {
+        Ok(_) => return Ok(Admission::New),
+        Err(e) if classify::is_unique_violation(&e) => {}
+        Err(e) => return Err(e),
+    }
+    // Rows are never deleted, so the row that violated the index is there.
+    let existing = read_order(client, &o.order_id).await?.ok_or_else(|| {
+        conversion(format!(
+            "order {}: unique violation but no row found",
+            o.order_id
+        ))
+    })?;
+    if existing.fingerprint != o.fingerprint() {
+        return Ok(Admission::Conflict {
+            existing_fingerprint: existing.fingerprint,
+        });
+    }
+    if existing.status.is_terminal() {
+        return Ok(Admission::AlreadyDone(existing.status));
+    }
+    client
+        .execute(sql::RESUME_ORDER, &[&o.order_id.as_str()])
+        .await?;
+    Ok(Admission::Resumed)
+}
+
+/// The body of `execute`'s transaction; the caller begins and ends it.
+async fn execute_in_tx(client: &mut Client, o: &Order) -> Result<Execution, SqlError> {
+    let changed = client
+        .execute(sql::MARK_EXECUTED, &[&o.order_id.as_str()])
+        .await?
+        .total();
+    if changed != 1 {
+        return Ok(Execution::AlreadyDone);
+    }
+    let delta = o.side.signed(o.quantity);
+    let (account, symbol) = (o.account_id.as_str(), o.symbol.as_str());
+    for attempt in 0..2 {
+        let updated = client
+            .execute(sql::ADD_TO_POSITION, &[&account, &symbol, &delta])
+            .await?
+            .total();
+        if updated == 1 {
+            return Ok(Execution::Executed);
+        }
+        match client
+            .execute(sql::INSERT_POSITION, &[&account, &symbol, &delta])
+            .await
+        {
+            Ok(_) => return Ok(Execution::Executed),
+            // Another transaction created the row first: add to it instead.
+            Err(e) if classify::is_unique_violation(&e) && attempt == 0 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(conversion(format!(
+        "position {account}/{symbol}: neither update nor insert took effect"
+    )))
+}
+
+async fn execute_on(client: &mut Client, o: &Order) -> Result<Execution, SqlError> {
+    run(client, sql::BEGIN).await?;
+    match execute_in_tx(client, o).await {
+        Ok(Execution::Executed) => {
+            run(client, sql::COMMIT).await?;
+            Ok(Execution::Executed)
+        }
+        Ok(Execution::AlreadyDone) => {
+            rollback(client).await;
+            Ok(Execution::AlreadyDone)
+        }
+        Err(e) => {
+            rollback(client).await;
+            Err(e)
+        }
+    }
+}
+
+async fn migrate_on(client: &mut Client) -> Result<(), SqlError> {
+    run(client, sql::BEGIN).await?;
+    let applied = async {
+        run(client, sql::LOCK_SCHEMA).await?;
+        for batch in sql::schema_batches() {
+            run(client, batch).await?;
+        }
+        Ok::<_, SqlError>(())
+    }
+    .await;
+    match applied {
+        Ok(()) => run(client, sql::COMMIT).await,
+        Err(e) => {
+            rollback(client).await;
+            Err(e)
+        }
+    }
+}
+
+async fn reject_on(client: &mut Client, r: &Rejection, hash: &str) -> Result<(), SqlError> {
+    let inserted = client
+        .execute(
+            sql::INSERT_REJECTED,
+            &[
+                &hash,
+                &r.kind.as_str(),
+                &r.order_id.as_deref(),
+                &r.event_id.as_deref(),
+                &r.reason.as_str(),
+                &r.fingerprint.as_deref(),
+                &r.existing_fingerprint.as_deref(),
+                &r.raw_event.as_str(),
+            ],
+        )
+        .await;
+    match inserted {
+        Ok(_) => Ok(()),
+        Err(e) if classify::is_unique_violation(&e) => {
+            client
+                .execute(sql::COUNT_REJECTED_DELIVERY, &[&hash])
+                .await?;
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn position_on(
+    client: &mut Client,
+    account_id: &str,
+    symbol: &str,
+) -> Result<Option<Decimal>, SqlError> {
+    let row = client
+        .query(sql::SELECT_POSITION, &[&account_id, &symbol])
+        .await?
+        .into_row()
+        .await?;
+    row.map(|r| decimal(&r, 0, "Quantity")).transpose()
+}
+
+async fn rejections_on(
+    client: &mut Client,
+    order_id: Option<&str>,
+) -> Result<Vec<RejectedRecord>, SqlError> {
+    let rows = match order_id {
+        Some(id) => {
+            client
+                .query(sql::SELECT_REJECTIONS, &[&id])
+                .await?
+                .into_first_result()
+                .await?
+        }
+        None => {
+            client
+                .query(sql::SELECT_REJECTIONS_WITHOUT_ORDER, &[])
+                .await?
+                .into_first_result()
+                .await?
+        }
+    };
+    rows.iter()
+        .map(|r| {
+            Ok(RejectedRecord {
+                kind: text(r, 0, "Kind")?,
+                order_id: opt_text(r, 1)?,
+                reason: text(r, 2, "Reason")?,
+                fingerprint: opt_text(r, 3)?,
+                existing_fingerprint: opt_text(r, 4)?,
+                raw_event: text(r, 5, "RawEvent")?,
+                deliveries: int(r, 6, "Deliveries")?,
+            })
+        })
+        .collect()
+}
+
+#[async_trait]
+impl OrderStore for SqlServerStore {
+    fn name(&self) -> &'static str {
+        "sqlserver"
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        // Waiting for another process's migration counts against the bound.
+        let bound = self.query_timeout * 3;
+        with_client!(self, "migrate", bound, |client| migrate_on(client))
+    }
+
+    async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError> {
+        with_client!(self, "accept", self.query_timeout, |client| accept_on(
+            client, order, event_id
+        ))
+    }
+
+    async fn execute(&self, order: &Order) -> Result<Execution, StoreError> {
+        with_client!(self, "execute", self.query_timeout, |client| execute_on(
+            client, order
+        ))
+    }
+
+    async fn reject(&self, rejection: &Rejection) -> Result<(), StoreError> {
+        let hash = rejection.event_hash();
+        with_client!(self, "reject", self.query_timeout, |client| reject_on(
+            client, rejection, &hash
+        ))
+    }
+
+    async fn order(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError> {
+        with_client!(self, "read order", self.query_timeout, |client| read_order(
+            client, order_id
+        ))
+    }
+
+    async fn position(
+        &self,
+        account_id: &str,
+        symbol: &str,
+    ) -> Result<Option<Decimal>, StoreError> {
+        with_client!(self, "read position", self.query_timeout, |client| {
+            position_on(client, account_id, symbol)
+        })
+    }
+
+    async fn rejections(&self, order_id: Option<&str>) -> Result<Vec<RejectedRecord>, StoreError> {
+        with_client!(self, "read rejections", self.query_timeout, |client| {
+            rejections_on(client, order_id)
+        })
+    }
+}

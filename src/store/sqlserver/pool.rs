@@ -1,0 +1,206 @@
+//! The bb8 connection manager for tiberius: where connections are opened.
+//!
+//! Why our own manager (small, on bb8's `ManageConnection`) rather than
+//! `bb8-tiberius`: the login needs a fresh managed-identity token per
+//! connection, the connect must be bounded by SQL_CONNECT_TIMEOUT_SECONDS,
+//! and a connection interrupted mid-request (query timeout, dropped socket)
+//! must never go back into the pool. Azure SQL's redirect
+//! (`Error::Routing { host, port }`, the default policy inside Azure) is
+//! followed by reconnecting there and logging in again.
+//!
+//! Recovery after a server restart or a cut connection: bb8 tests every
+//! connection on checkout (`SELECT 1`), drops the ones that fail, and opens
+//! new ones on demand; nothing needs a handler restart.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
+
+use super::aad::ManagedIdentity;
+use super::sql;
+
+/// The tiberius client over a tokio TCP stream.
+pub type Client = tiberius::Client<Compat<TcpStream>>;
+
+/// A pooled connection plus whether it may be reused.
+pub struct SqlConnection {
+    /// The driver's client.
+    pub client: Client,
+    /// Set while a request is in flight and cleared when it completed, so a
+    /// request abandoned half-way (timeout, cancellation) or a connection
+    /// that failed leaves it set and bb8 discards the connection.
+    pub broken: bool,
+}
+
+/// Why a connection could not be opened or checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectError {
+    /// The driver's error (I/O, TLS, login refused …).
+    Sql(tiberius::error::Error),
+    /// No managed-identity token.
+    Token(String),
+    /// Connecting took longer than the connect timeout.
+    Timeout(Duration),
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectError::Sql(e) => write!(f, "{e}"),
+            ConnectError::Token(e) => write!(f, "{e}"),
+            ConnectError::Timeout(t) => write!(
+                f,
+                "connecting took longer than {} ms (SQL_CONNECT_TIMEOUT_SECONDS)",
+                t.as_millis()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+/// Opens, checks and discards connections for bb8.
+pub struct SqlConnectionManager {
+    config: tiberius::Config,
+    identity: Option<Arc<ManagedIdentity>>,
+    connect_timeout: Duration,
+    last_error: Arc<Mutex<Option<String>>>,
+}
+
+impl SqlConnectionManager {
+    /// `config` is the first server and its settings (with the SQL login, if
+    /// any); `identity` supplies an access token per login instead.
+    pub fn new(
+        config: tiberius::Config,
+        identity: Option<Arc<ManagedIdentity>>,
+        connect_timeout: Duration,
+    ) -> SqlConnectionManager {
+        SqlConnectionManager {
+            config,
+            identity,
+            connect_timeout,
+            last_error: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The most recent connect failure, to explain a pool timeout (bb8 itself
+    /// only reports that it timed out).
+    pub fn last_error(&self) -> Arc<Mutex<Option<String>>> {
+        Arc::clone(&self.last_error)
+    }
+
+    async fn open(&self) -> Result<Client, ConnectError> {
+        let mut config = self.config.clone();
+        if let Some(identity) = &self.identity {
+            let token = identity
+                .token()
+                .await
+                .map_err(|e| ConnectError::Token(e.to_string()))?;
+            config.authentication(tiberius::AuthMethod::aad_token(token));
+        }
+        // The driver panics when the server cannot encrypt but the string
+        // says Encrypt=True; a task turns that into an error, not a crash.
+        let task = tokio::spawn(open_following_redirect(config));
+        let abort = task.abort_handle();
+        match tokio::time::timeout(self.connect_timeout, task).await {
+            Err(_) => {
+                abort.abort();
+                Err(ConnectError::Timeout(self.connect_timeout))
+            }
+            Ok(Err(join)) => Err(ConnectError::Sql(tiberius::error::Error::Protocol(
+                format!(
+                    "connecting failed inside the driver ({}); check Encrypt= against what the server supports",
+                    if join.is_panic() { "panic" } else { "cancelled" }
+                )
+                .into(),
+            ))),
+            Ok(Ok(result)) => {
+                let mut client = result.map_err(ConnectError::Sql)?;
+                let setup = async {
+                    for statement in [sql::SESSION_COUNT_ROWS, sql::SESSION_NO_XACT_ABORT] {
+                        client.simple_query(statement).await?.into_results().await?;
+                    }
+                    Ok::<_, tiberius::error::Error>(())
+                };
+                match tokio::time::timeout(self.connect_timeout, setup).await {
+                    Ok(Ok(())) => Ok(client),
+                    Ok(Err(e)) => Err(ConnectError::Sql(e)),
+                    Err(_) => Err(ConnectError::Timeout(self.connect_timeout)),
+                }
+            }
+        }
+    }
+}
+
+/// TCP connect and log in; on a redirect, once more at the given address.
+pub async fn open_following_redirect(
+    mut config: tiberius::Config,
+) -> Result<Client, tiberius::error::Error> {
+    match open_once(config.clone()).await {
+        Err(tiberius::error::Error::Routing { host, port }) => {
+            log::info!("SQL Server redirected the connection to {host}:{port}; reconnecting there");
+            config.host(&host);
+            config.port(port);
+            match open_once(config).await {
+                Err(tiberius::error::Error::Routing { host, port }) => {
+                    Err(tiberius::error::Error::Protocol(
+                        format!("redirected twice (second time to {host}:{port})").into(),
+                    ))
+                }
+                other => other,
+            }
+        }
+        other => other,
+    }
+}
+
+async fn open_once(config: tiberius::Config) -> Result<Client, tiberius::error::Error> {
+    let tcp = TcpStream::connect(config.get_addr()).await?;
+    tcp.set_nodelay(true)?;
+    tiberius::Client::connect(config, tcp.compat_write()).await
+}
+
+impl bb8::ManageConnection for SqlConnectionManager {
+    type Connection = SqlConnection;
+    type Error = ConnectError;
+
+    async fn connect(&self) -> Result<SqlConnection, ConnectError> {
+        match self.open().await {
+            Ok(client) => Ok(SqlConnection {
+                client,
+                broken: false,
+            }),
+            Err(e) => {
+                log::warn!("cannot connect to SQL Server: {e}");
+                *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    async fn is_valid(&self, conn: &mut SqlConnection) -> Result<(), ConnectError> {
+        conn.broken = true;
+        let ping = async {
+            conn.client
+                .simple_query(sql::PING)
+                .await?
+                .into_results()
+                .await
+        };
+        match tokio::time::timeout(self.connect_timeout, ping).await {
+            Ok(Ok(_)) => {
+                conn.broken = false;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(ConnectError::Sql(e)),
+            Err(_) => Err(ConnectError::Timeout(self.connect_timeout)),
+        }
+    }
+
+    fn has_broken(&self, conn: &mut SqlConnection) -> bool {
+        conn.broken
+    }
+}

@@ -1,0 +1,794 @@
+//! The SQL Server store's parts that can be checked without a database:
+//! every T-SQL statement parses (sqlparser, MsSqlDialect); errors classify by
+//! their real numbers, produced by tiberius itself from a login answered by a
+//! minimal TDS endpoint on loopback; the connection string parser; Azure's
+//! redirect; the managed-identity token flow against a local HTTP endpoint
+//! answering as the documented App Service endpoint does.
+//!
+//! The store's behaviour against a real server is the conformance suite
+//! (`tests/store_conformance.rs`, with `ORDER_GUARD_TEST_MSSQL`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use order_guard::config::SqlSettings;
+use order_guard::order::Order;
+use order_guard::store::sqlserver::aad::ManagedIdentity;
+use order_guard::store::sqlserver::classify;
+use order_guard::store::sqlserver::connstr::{Auth, Encrypt, SqlConnInfo};
+use order_guard::store::sqlserver::pool::{open_following_redirect, SqlConnectionManager};
+use order_guard::store::sqlserver::sql;
+use order_guard::store::{OrderStore, SqlServerStore, StoreError};
+use serde_json::json;
+use sqlparser::dialect::MsSqlDialect;
+use sqlparser::parser::Parser;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+// ---------------------------------------------------------------- T-SQL
+
+fn parse_one(what: &str, statement: &str) {
+    match Parser::parse_sql(&MsSqlDialect {}, statement) {
+        Ok(parsed) => assert_eq!(
+            parsed.len(),
+            1,
+            "{what} must be exactly one statement, parsed {}: {statement}",
+            parsed.len()
+        ),
+        Err(e) => panic!("{what} does not parse as T-SQL ({e}):\n{statement}"),
+    }
+}
+
+#[test]
+fn every_statement_parses_as_tsql() {
+    assert!(sql::ALL.len() >= 18, "sql::ALL lost statements");
+    for (i, statement) in sql::ALL.iter().enumerate() {
+        parse_one(&format!("sql::ALL[{i}]"), statement);
+    }
+}
+
+#[test]
+fn every_schema_batch_parses_as_tsql() {
+    let batches = sql::schema_batches();
+    // SchemaVersion, Orders, its unique index, Positions, RejectedEvents, two
+    // indexes, the version row: a GO lost or added shows here.
+    assert_eq!(batches.len(), 8, "{batches:#?}");
+    for (i, batch) in batches.iter().enumerate() {
+        parse_one(&format!("schema batch {i}"), batch);
+    }
+    let schema = sql::SCHEMA.to_ascii_uppercase();
+    for table in ["ORDERS", "POSITIONS", "REJECTEDEVENTS", "SCHEMAVERSION"] {
+        assert!(
+            schema.contains(&format!("IF OBJECT_ID(N'DBO.{table}', N'U') IS NULL")),
+            "{table} is not created idempotently"
+        );
+    }
+    assert!(schema.contains("CREATE UNIQUE INDEX UX_ORDERS_ORDERID ON DBO.ORDERS (ORDERID)"));
+    assert!(schema.contains("CREATE UNIQUE INDEX UX_REJECTEDEVENTS_EVENTHASH"));
+    assert!(schema.contains("QUANTITY    DECIMAL(28, 10) NOT NULL"));
+}
+
+/// Constructs outside the portable subset (docs/protocol.md 7.4).
+#[test]
+fn statements_stay_in_the_portable_subset() {
+    let forbidden = [
+        "MERGE ",
+        "CREATE OR ALTER",
+        "SERIALIZABLE",
+        "REPEATABLE READ",
+        "ROWVERSION",
+        "SYS.DM_",
+        " OUTPUT ",
+        "HOLDLOCK",
+    ];
+    let schema_code: String = sql::SCHEMA
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for statement in sql::ALL.iter().copied().chain([schema_code.as_str()]) {
+        let upper = statement.to_ascii_uppercase();
+        for f in forbidden {
+            assert!(!upper.contains(f), "{f:?} in {statement}");
+        }
+    }
+}
+
+// ------------------------------------------------- a minimal TDS endpoint
+
+/// How the fake endpoint answers a LOGIN7.
+#[derive(Clone)]
+enum LoginAnswer {
+    /// An ERROR token with this number and text, then DONE.
+    Error(u32, &'static str),
+    /// An ENVCHANGE routing token to this host and port, then DONE.
+    Route(String, u16),
+    /// DONE: logged in.
+    Accept,
+}
+
+/// A loopback endpoint speaking just enough TDS for a login: PRELOGIN (no
+/// encryption), one answer to LOGIN7, then a bare DONE for every request.
+/// It keeps every login packet.
+struct FakeTds {
+    port: u16,
+    logins: Arc<Mutex<Vec<Vec<u8>>>>,
+    /// Connections opened before the current generation are cut at their
+    /// next request, as a server restart or a network cut would.
+    generation: Arc<AtomicUsize>,
+}
+
+async fn read_message(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut payload = Vec::new();
+    loop {
+        let mut header = [0u8; 8];
+        s.read_exact(&mut header).await.ok()?;
+        let len = u16::from_be_bytes([header[2], header[3]]) as usize;
+        let mut body = vec![0u8; len.checked_sub(8)?];
+        s.read_exact(&mut body).await.ok()?;
+        payload.extend_from_slice(&body);
+        if header[1] & 0x01 == 0x01 {
+            return Some(payload);
+        }
+    }
+}
+
+fn packet(payload: &[u8]) -> Vec<u8> {
+    let len = (payload.len() + 8) as u16;
+    let mut p = vec![0x04, 0x01];
+    p.extend_from_slice(&len.to_be_bytes());
+    p.extend_from_slice(&[0, 0, 1, 0]);
+    p.extend_from_slice(payload);
+    p
+}
+
+fn utf16(s: &str) -> Vec<u8> {
+    s.encode_utf16().flat_map(u16::to_le_bytes).collect()
+}
+
+fn done(status: u16) -> Vec<u8> {
+    let mut t = vec![0xFD];
+    t.extend_from_slice(&status.to_le_bytes());
+    t.extend_from_slice(&0u16.to_le_bytes());
+    t.extend_from_slice(&0u64.to_le_bytes());
+    t
+}
+
+fn login_answer(answer: &LoginAnswer) -> Vec<u8> {
+    match answer {
+        LoginAnswer::Error(number, message) => {
+            let (msg, server) = (utf16(message), utf16("fake"));
+            let mut body = Vec::new();
+            body.extend_from_slice(&number.to_le_bytes());
+            body.extend_from_slice(&[1, 14]); // state, class
+            body.extend_from_slice(&(message.encode_utf16().count() as u16).to_le_bytes());
+            body.extend_from_slice(&msg);
+            body.push(4);
+            body.extend_from_slice(&server);
+            body.push(0); // no procedure
+            body.extend_from_slice(&1u32.to_le_bytes()); // line
+            let mut t = vec![0xAA];
+            t.extend_from_slice(&(body.len() as u16).to_le_bytes());
+            t.extend_from_slice(&body);
+            t.extend_from_slice(&done(0x0002));
+            t
+        }
+        LoginAnswer::Route(host, port) => {
+            let host16 = utf16(host);
+            let mut value = vec![0u8]; // protocol: TCP
+            value.extend_from_slice(&port.to_le_bytes());
+            value.extend_from_slice(&(host.encode_utf16().count() as u16).to_le_bytes());
+            value.extend_from_slice(&host16);
+            let mut body = vec![20u8]; // ENVCHANGE type: routing
+            body.extend_from_slice(&(value.len() as u16).to_le_bytes());
+            body.extend_from_slice(&value);
+            body.extend_from_slice(&0u16.to_le_bytes()); // old value: none
+            let mut t = vec![0xE3];
+            t.extend_from_slice(&(body.len() as u16).to_le_bytes());
+            t.extend_from_slice(&body);
+            t.extend_from_slice(&done(0));
+            t
+        }
+        LoginAnswer::Accept => done(0),
+    }
+}
+
+impl FakeTds {
+    async fn start(answer: LoginAnswer) -> FakeTds {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let logins = Arc::new(Mutex::new(Vec::new()));
+        let generation = Arc::new(AtomicUsize::new(0));
+        let (kept, current) = (Arc::clone(&logins), Arc::clone(&generation));
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (answer, kept) = (answer.clone(), Arc::clone(&kept));
+                let current = Arc::clone(&current);
+                let born = current.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if read_message(&mut s).await.is_none() {
+                        return;
+                    }
+                    // PRELOGIN answer: version 15.0.2000, encryption NOT_SUP.
+                    let mut pre = vec![0x00, 0, 11, 0, 6, 0x01, 0, 17, 0, 1, 0xFF];
+                    pre.extend_from_slice(&[15, 0, 0x07, 0xD0, 0, 0, 0x02]);
+                    s.write_all(&packet(&pre)).await.unwrap();
+                    let Some(login) = read_message(&mut s).await else {
+                        return;
+                    };
+                    kept.lock().unwrap().push(login);
+                    s.write_all(&packet(&login_answer(&answer))).await.unwrap();
+                    // Logged in: answer every later request with a bare DONE,
+                    // until the client goes away.
+                    while read_message(&mut s).await.is_some() {
+                        if current.load(Ordering::SeqCst) != born {
+                            return; // cut: the socket closes without an answer
+                        }
+                        if s.write_all(&packet(&done(0))).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        FakeTds {
+            port,
+            logins,
+            generation,
+        }
+    }
+
+    fn config(&self) -> tiberius::Config {
+        plaintext(self.port).tiberius_config()
+    }
+
+    fn login_count(&self) -> usize {
+        self.logins.lock().unwrap().len()
+    }
+}
+
+fn plaintext(port: u16) -> SqlConnInfo {
+    SqlConnInfo::parse(&format!(
+        "Server=tcp:127.0.0.1,{port};Initial Catalog=orders;User ID=app;Password=S3cret!pw;Encrypt=DANGER_PLAINTEXT"
+    ))
+    .unwrap()
+}
+
+async fn server_error(number: u32, message: &'static str) -> tiberius::error::Error {
+    let fake = FakeTds::start(LoginAnswer::Error(number, message)).await;
+    match open_following_redirect(fake.config()).await {
+        Err(e) => e,
+        Ok(_) => panic!("login answered with error {number} succeeded"),
+    }
+}
+
+// --------------------------------------------------- error classification
+
+#[tokio::test]
+async fn unique_violations_are_recognised_by_number_not_text() {
+    for (number, text) in [
+        (2627, "Violation of PRIMARY KEY constraint 'PK_Positions'."),
+        (2601, "Cannot insert duplicate key row in object 'dbo.Orders' with unique index 'UX_Orders_OrderId'."),
+        (2627, "duplicate key value violates unique constraint \"ux_orders_orderid\""),
+    ] {
+        let e = server_error(number, text).await;
+        assert_eq!(e.code(), Some(number));
+        assert!(classify::is_unique_violation(&e), "{number}");
+    }
+    let other = server_error(
+        547,
+        "The INSERT statement conflicted with the CHECK constraint",
+    )
+    .await;
+    assert!(!classify::is_unique_violation(&other));
+}
+
+#[tokio::test]
+async fn transient_numbers_ask_for_a_retry() {
+    for number in [
+        1205, 1222, 40613, 40501, 40197, 49918, 49919, 49920, 4060, 4221, 615, 926, 10928, 10929,
+        233, 997, 1204,
+    ] {
+        let e = server_error(number, "try again").await;
+        assert_eq!(e.code(), Some(number));
+        match classify::classify("accept", &e) {
+            StoreError::Transient(m) => assert!(m.contains(&number.to_string()), "{m}"),
+            other => panic!("{number} classified as {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn other_server_errors_are_permanent_with_the_server_text() {
+    for (number, text) in [
+        (18456, "Login failed for user 'app'."),
+        (40544, "The database has reached its size quota."),
+        (208, "Invalid object name 'dbo.Orders'."),
+        (33557097, "feature not supported by this engine"),
+    ] {
+        let e = server_error(number, text).await;
+        match classify::classify("accept", &e) {
+            StoreError::Permanent(m) => {
+                assert!(m.contains(&number.to_string()) && m.contains(text), "{m}")
+            }
+            other => panic!("{number} classified as {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn dropped_connections_and_timeouts_are_transient() {
+    let reset: tiberius::error::Error = std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        "connection reset by peer",
+    )
+    .into();
+    assert!(classify::is_connection_lost(&reset));
+    assert!(matches!(
+        classify::classify("execute", &reset),
+        StoreError::Transient(_)
+    ));
+    let eof: tiberius::error::Error =
+        std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed").into();
+    assert!(matches!(
+        classify::classify("execute", &eof),
+        StoreError::Transient(_)
+    ));
+    assert!(matches!(
+        classify::query_timeout("execute", Duration::from_secs(8)),
+        StoreError::Transient(_)
+    ));
+    let pool = classify::pool_timeout(
+        "accept",
+        Duration::from_secs(10),
+        Some("Login failed (18456)".into()),
+    );
+    match pool {
+        StoreError::Transient(m) => assert!(m.contains("18456"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let conversion = tiberius::error::Error::Conversion("bad value".into());
+    assert!(matches!(
+        classify::classify("read", &conversion),
+        StoreError::Permanent(_)
+    ));
+}
+
+fn settings(connect_secs: u64) -> SqlSettings {
+    SqlSettings {
+        connect_timeout: Duration::from_secs(connect_secs),
+        query_timeout: Duration::from_secs(2),
+        pool_size: 2,
+        busy_timeout: Duration::from_secs(1),
+    }
+}
+
+fn order() -> Order {
+    Order::from_data(&json!({
+        "orderId": "o-1", "accountId": "a-1", "side": "buy", "symbol": "MSFT", "quantity": "1"
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_transient_failure_within_the_connect_timeout() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // listener dropped: nobody listens there now
+    let cs = format!("Server=tcp:127.0.0.1,{port};Database=d;User ID=u;Password=Hunter2!x;Encrypt=DANGER_PLAINTEXT");
+    let store = SqlServerStore::connect(&cs, &settings(1)).unwrap();
+    let started = std::time::Instant::now();
+    let e = store.accept(&order(), "e1").await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    match e {
+        StoreError::Transient(m) => {
+            assert!(m.contains("no SQL Server connection"), "{m}");
+            assert!(!m.contains("Hunter2"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_refused_login_explains_the_pool_timeout() {
+    let fake = FakeTds::start(LoginAnswer::Error(18456, "Login failed for user 'u'.")).await;
+    let cs = format!(
+        "Server=tcp:127.0.0.1,{};Database=d;User ID=u;Password=Hunter2!x;Encrypt=DANGER_PLAINTEXT",
+        fake.port
+    );
+    let store = SqlServerStore::connect(&cs, &settings(1)).unwrap();
+    let e = store.migrate().await.unwrap_err();
+    let m = e.to_string();
+    assert!(m.contains("18456") && m.contains("Login failed"), "{m}");
+    assert!(!m.contains("Hunter2"), "{m}");
+    assert!(fake.login_count() >= 1);
+}
+
+#[tokio::test]
+async fn the_pool_replaces_connections_that_were_cut() {
+    let fake = FakeTds::start(LoginAnswer::Accept).await;
+    let cs = format!(
+        "Server=tcp:127.0.0.1,{};Database=d;User ID=u;Password=pw;Encrypt=DANGER_PLAINTEXT",
+        fake.port
+    );
+    let store = SqlServerStore::connect(&cs, &settings(2)).unwrap();
+    assert_eq!(store.position("a-1", "MSFT").await.unwrap(), None);
+    assert_eq!(fake.login_count(), 1, "one connection, reused");
+    assert_eq!(store.position("a-1", "MSFT").await.unwrap(), None);
+    assert_eq!(fake.login_count(), 1);
+    // Every open connection is cut: the next call still succeeds, on a new one.
+    fake.generation.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(store.position("a-1", "MSFT").await.unwrap(), None);
+    assert_eq!(
+        fake.login_count(),
+        2,
+        "a new login replaced the cut connection"
+    );
+}
+
+// ---------------------------------------------------------------- redirect
+
+#[tokio::test]
+async fn azure_redirect_is_followed_with_a_new_login() {
+    let node = FakeTds::start(LoginAnswer::Accept).await;
+    let gateway = FakeTds::start(LoginAnswer::Route("127.0.0.1".into(), node.port)).await;
+    let client = open_following_redirect(gateway.config()).await;
+    assert!(client.is_ok(), "{:?}", client.err());
+    assert_eq!(gateway.login_count(), 1);
+    assert_eq!(node.login_count(), 1, "the login is repeated at the node");
+
+    // A node that redirects again is an error, not a loop.
+    let again = FakeTds::start(LoginAnswer::Route("127.0.0.1".into(), node.port)).await;
+    let first = FakeTds::start(LoginAnswer::Route("127.0.0.1".into(), again.port)).await;
+    let e = open_following_redirect(first.config()).await.err().unwrap();
+    assert!(e.to_string().contains("redirected twice"), "{e}");
+}
+
+// ------------------------------------------------------ connection strings
+
+const PORTAL: &str = "Server=tcp:myserver.database.windows.net,1433;Initial Catalog=orders;Persist Security Info=False;User ID=appuser;Password=p@ss;w0rd=x;MultipleActiveResultSets=False;Encrypt=True;TrustServerCertificate=False;Connection Timeout=30;";
+
+#[test]
+fn azure_portal_form_parses() {
+    // The portal's form, with an unquoted ';' in the password fixed by quoting:
+    let cs = PORTAL.replace("Password=p@ss;w0rd=x;", "Password=\"p@ss;w0rd=x\";");
+    let c = SqlConnInfo::parse(&cs).unwrap();
+    assert_eq!(c.host, "myserver.database.windows.net");
+    assert_eq!(c.port, 1433);
+    assert_eq!(c.database.as_deref(), Some("orders"));
+    assert_eq!(c.encrypt, Encrypt::Required);
+    assert!(!c.trust_server_certificate);
+    assert_eq!(
+        c.auth,
+        Auth::SqlPassword {
+            user: "appuser".into(),
+            password: "p@ss;w0rd=x".into()
+        }
+    );
+    assert_eq!(
+        c.tiberius_config().get_addr(),
+        "myserver.database.windows.net:1433"
+    );
+}
+
+#[test]
+fn server_forms_prefixes_ports_and_defaults() {
+    let parse = |s: &str| SqlConnInfo::parse(&format!("{s};User ID=u;Password=p")).unwrap();
+    let c = parse("Server=tcp:db.example.net,14330");
+    assert_eq!((c.host.as_str(), c.port), ("db.example.net", 14330));
+    let c = parse("Data Source=db.example.net");
+    assert_eq!((c.host.as_str(), c.port), ("db.example.net", 1433));
+    let c = parse("server = TCP:127.0.0.1 , 1533");
+    assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 1533));
+    let c = parse("Server=(local)");
+    assert_eq!(c.host, "localhost");
+    let c = parse("Server=host\\INST,1500");
+    assert_eq!((c.host.as_str(), c.port), ("host", 1500));
+    assert_eq!(
+        c.encrypt,
+        Encrypt::Off,
+        "absent Encrypt behaves as tiberius does"
+    );
+    let c = parse("Server=h;Encrypt=yes;TrustServerCertificate=true;ApplicationIntent=ReadOnly;Application Name=og");
+    assert_eq!(c.encrypt, Encrypt::Required);
+    assert!(c.trust_server_certificate && c.read_only);
+    assert_eq!(c.application_name.as_deref(), Some("og"));
+}
+
+#[test]
+fn quoted_values_keep_separators_and_doubled_quotes() {
+    let c = SqlConnInfo::parse(
+        "Server=h;User ID='o''brien';Password=\"a;b=\"\"c\"\"\";Database=\"my db\"",
+    )
+    .unwrap();
+    assert_eq!(
+        c.auth,
+        Auth::SqlPassword {
+            user: "o'brien".into(),
+            password: "a;b=\"c\"".into()
+        }
+    );
+    assert_eq!(c.database.as_deref(), Some("my db"));
+    // An unquoted '=' inside a value is fine, as in ADO.NET.
+    let c = SqlConnInfo::parse("Server=h;User ID=u;Password=abc==;").unwrap();
+    assert!(matches!(c.auth, Auth::SqlPassword { ref password, .. } if password == "abc=="));
+}
+
+#[test]
+fn missing_or_malformed_parts_are_named_without_the_password() {
+    let secret = "Sup3r$ecretPw";
+    let cases = [
+        (
+            format!("Initial Catalog=o;User ID=u;Password={secret}"),
+            "Server",
+        ),
+        (format!("Server=tcp:h,1433;Password={secret}"), "User ID"),
+        ("Server=tcp:h,1433;User ID=u".to_string(), "Password"),
+        (
+            format!("Server=tcp:h,port;User ID=u;Password={secret}"),
+            "port",
+        ),
+        (
+            format!("Server=tcp:h,99999;User ID=u;Password={secret}"),
+            "port",
+        ),
+        (
+            format!("Server=tcp:,1433;User ID=u;Password={secret}"),
+            "host",
+        ),
+        (
+            format!("Server=h\\inst;User ID=u;Password={secret}"),
+            "named instance",
+        ),
+        (
+            format!("Server=np:h;User ID=u;Password={secret}"),
+            "only TCP",
+        ),
+        (format!("Server=h;User ID=u;Password=\"{secret}"), "quote"),
+        (
+            format!("Server=h;User ID=u;Password={secret};Encrypt=maybe"),
+            "Encrypt",
+        ),
+        (
+            format!("Server=h;User ID=u;Password={secret};Encrypt=Strict"),
+            "Strict",
+        ),
+        (
+            format!("Server=h;User ID=u;Password={secret};TrustServerCertificate=sure"),
+            "TrustServerCertificate",
+        ),
+        (
+            format!(
+                "Server=h;User ID=u;Password={secret};Authentication=Active Directory Password"
+            ),
+            "Authentication",
+        ),
+        (
+            format!("Server=h;User ID=u;Password={secret};Integrated Security=SSPI"),
+            "Integrated Security",
+        ),
+        // An unquoted ';' splits the password: the fragment must not be shown.
+        (
+            format!("Server=h;User ID=u;Password=ab;{secret};Encrypt=True"),
+            "no '='",
+        ),
+    ];
+    for (cs, expected) in cases {
+        let e = SqlConnInfo::parse(&cs).unwrap_err().to_string();
+        assert!(e.starts_with("SQL_CONNECTION_STRING: "), "{e}");
+        assert!(
+            e.contains(expected),
+            "{cs:?} gave {e:?}, expected it to mention {expected:?}"
+        );
+        assert!(
+            !e.contains(secret) && !e.contains("ab;"),
+            "password echoed: {e}"
+        );
+    }
+}
+
+#[test]
+fn debug_and_display_never_show_the_password() {
+    let c = SqlConnInfo::parse("Server=h,1;Database=d;User ID=u;Password=TopSecret#1").unwrap();
+    for shown in [format!("{c:?}"), format!("{c}"), format!("{:?}", c.auth)] {
+        assert!(!shown.contains("TopSecret"), "{shown}");
+    }
+    assert!(format!("{c}").contains("h:1/d"));
+    let e = SqlServerStore::connect(
+        "Server=h;User ID=u;Password=TopSecret#1;Encrypt=bogus",
+        &settings(1),
+    )
+    .err()
+    .unwrap();
+    assert!(!format!("{e:?} {e}").contains("TopSecret"));
+}
+
+#[test]
+fn managed_identity_strings() {
+    let c = SqlConnInfo::parse(
+        "Server=tcp:s.database.windows.net,1433;Initial Catalog=o;Authentication=Active Directory Managed Identity;Encrypt=True",
+    )
+    .unwrap();
+    assert_eq!(c.auth, Auth::ManagedIdentity { client_id: None });
+    let c = SqlConnInfo::parse(
+        "Server=s;Authentication=\"Active Directory Default\";User ID=1b2c3d4e-client",
+    )
+    .unwrap();
+    assert_eq!(
+        c.auth,
+        Auth::ManagedIdentity {
+            client_id: Some("1b2c3d4e-client".into())
+        }
+    );
+    let c = SqlConnInfo::parse("Server=s;Authentication=active directory msi").unwrap();
+    assert!(matches!(c.auth, Auth::ManagedIdentity { .. }));
+    let e =
+        SqlConnInfo::parse("Server=s;Authentication=Active Directory Managed Identity;Password=x")
+            .unwrap_err();
+    assert!(e.to_string().contains("Password must not be set"), "{e}");
+}
+
+// ------------------------------------------------ managed-identity tokens
+
+const HEADER_SECRET: &str = "hdr-secret-0123";
+
+/// A local endpoint answering as the App Service identity endpoint does:
+/// checks the header, resource and api-version; hands out numbered tokens
+/// that expire `lifetime` seconds from now, `expires_on` alternating between
+/// a string and a number.
+struct IdentityEndpoint {
+    url: String,
+    requests: Arc<AtomicUsize>,
+    lifetime: Arc<AtomicUsize>,
+    client_ids: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+async fn identity_endpoint(lifetime_secs: usize) -> IdentityEndpoint {
+    use warp::Filter;
+    let requests = Arc::new(AtomicUsize::new(0));
+    let lifetime = Arc::new(AtomicUsize::new(lifetime_secs));
+    let client_ids = Arc::new(Mutex::new(Vec::new()));
+    let (r, l, ids) = (
+        Arc::clone(&requests),
+        Arc::clone(&lifetime),
+        Arc::clone(&client_ids),
+    );
+    let route = warp::get()
+        .and(warp::path!("msi" / "token"))
+        .and(warp::query::<HashMap<String, String>>())
+        .and(warp::header::optional::<String>("x-identity-header"))
+        .map(move |q: HashMap<String, String>, header: Option<String>| {
+            if header.as_deref() != Some(HEADER_SECRET) {
+                return warp::reply::with_status(
+                    warp::reply::json(&json!({"error": {"code": "InvalidHeader", "message": "X-IDENTITY-HEADER is missing or wrong"}})),
+                    warp::http::StatusCode::BAD_REQUEST,
+                );
+            }
+            if q.get("resource").map(String::as_str) != Some("https://database.windows.net/")
+                || q.get("api-version").map(String::as_str) != Some("2019-08-01")
+            {
+                return warp::reply::with_status(
+                    warp::reply::json(&json!({"error": "bad resource or api-version"})),
+                    warp::http::StatusCode::BAD_REQUEST,
+                );
+            }
+            ids.lock().unwrap().push(q.get("client_id").cloned());
+            let n = r.fetch_add(1, Ordering::SeqCst) + 1;
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+            let expires_on = now + l.load(Ordering::SeqCst) as u64;
+            let expires_on = if n % 2 == 1 {
+                json!(expires_on.to_string())
+            } else {
+                json!(expires_on)
+            };
+            warp::reply::with_status(
+                warp::reply::json(&json!({
+                    "access_token": format!("token-{n}"),
+                    "expires_on": expires_on,
+                    "resource": "https://database.windows.net/",
+                    "token_type": "Bearer",
+                    "client_id": "00000000-0000-0000-0000-000000000000"
+                })),
+                warp::http::StatusCode::OK,
+            )
+        });
+    let (addr, server) = warp::serve(route).bind_ephemeral(([127, 0, 0, 1], 0));
+    tokio::spawn(server);
+    IdentityEndpoint {
+        url: format!("http://{addr}/msi/token"),
+        requests,
+        lifetime,
+        client_ids,
+    }
+}
+
+#[tokio::test]
+async fn token_is_fetched_with_the_header_and_cached() {
+    let ep = identity_endpoint(3600).await;
+    let mi = ManagedIdentity::new(&ep.url, HEADER_SECRET, None, Duration::from_secs(2)).unwrap();
+    assert_eq!(mi.token().await.unwrap(), "token-1");
+    assert_eq!(
+        mi.token().await.unwrap(),
+        "token-1",
+        "cached while far from expiry"
+    );
+    assert_eq!(ep.requests.load(Ordering::SeqCst), 1);
+    assert!(!format!("{mi:?}").contains(HEADER_SECRET));
+}
+
+#[tokio::test]
+async fn token_is_refreshed_before_it_expires() {
+    // Tokens valid for 120 s, refreshed 300 s before expiry: every call
+    // fetches a new one, although the old one has not expired yet.
+    let ep = identity_endpoint(120).await;
+    let mi = ManagedIdentity::new(&ep.url, HEADER_SECRET, None, Duration::from_secs(2)).unwrap();
+    assert_eq!(mi.token().await.unwrap(), "token-1");
+    assert_eq!(mi.token().await.unwrap(), "token-2");
+    // With a smaller margin the same lifetime is cached (number form of expires_on).
+    let mi = ManagedIdentity::new(&ep.url, HEADER_SECRET, None, Duration::from_secs(2))
+        .unwrap()
+        .with_refresh_margin(Duration::from_secs(60));
+    assert_eq!(mi.token().await.unwrap(), "token-3");
+    assert_eq!(mi.token().await.unwrap(), "token-3");
+    // Once inside the margin, the next call refreshes.
+    ep.lifetime.store(3600, Ordering::SeqCst);
+    let mi = mi.with_refresh_margin(Duration::from_secs(200));
+    assert_eq!(mi.token().await.unwrap(), "token-4");
+    assert_eq!(mi.token().await.unwrap(), "token-4");
+}
+
+#[tokio::test]
+async fn a_wrong_header_is_refused_and_not_echoed() {
+    let ep = identity_endpoint(3600).await;
+    let mi =
+        ManagedIdentity::new(&ep.url, "wrong-secret-999", None, Duration::from_secs(2)).unwrap();
+    let e = mi.token().await.unwrap_err().to_string();
+    assert!(e.contains("400"), "{e}");
+    assert!(!e.contains("wrong-secret-999"), "{e}");
+    assert_eq!(ep.requests.load(Ordering::SeqCst), 0);
+    assert!(ManagedIdentity::new("https://x/msi", "h", None, Duration::from_secs(1)).is_err());
+}
+
+#[tokio::test]
+async fn the_token_is_what_the_login_carries() {
+    let ep = identity_endpoint(3600).await;
+    let mi = ManagedIdentity::new(
+        &ep.url,
+        HEADER_SECRET,
+        Some("user-assigned-id".into()),
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let fake = FakeTds::start(LoginAnswer::Accept).await;
+    let mut config = tiberius::Config::new();
+    config.host("127.0.0.1");
+    config.port(fake.port);
+    config.encryption(tiberius::EncryptionLevel::NotSupported);
+    let manager = SqlConnectionManager::new(config, Some(Arc::new(mi)), Duration::from_secs(2));
+    let conn = bb8::ManageConnection::connect(&manager).await;
+    assert!(conn.is_ok(), "{:?}", conn.err());
+    let mut conn = conn.unwrap();
+    bb8::ManageConnection::is_valid(&manager, &mut conn)
+        .await
+        .unwrap();
+    assert!(!bb8::ManageConnection::has_broken(&manager, &mut conn));
+    let login = fake.logins.lock().unwrap()[0].clone();
+    let token = utf16("token-1");
+    assert!(
+        login.windows(token.len()).any(|w| w == token.as_slice()),
+        "the LOGIN7 packet does not carry the managed-identity token"
+    );
+    assert_eq!(
+        ep.client_ids.lock().unwrap().as_slice(),
+        &[Some("user-assigned-id".to_string())]
+    );
+}
