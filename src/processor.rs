@@ -425,7 +425,7 @@ impl Processor {
             existing_fingerprint: Some(existing),
             raw_event: w.raw.to_string(),
         };
-        let stored = self.store.reject(&rejection).await;
+        let stored = self.reject_within_deadline(&rejection).await;
         // Our reservation (if any) must not stand for the other order.
         self.release(&w.order, token).await;
         match stored {
@@ -457,7 +457,7 @@ impl Processor {
             existing_fingerprint: None,
             raw_event: raw.to_string(),
         };
-        let (kind, reason) = match self.store.reject(&rejection).await {
+        let (kind, reason) = match self.reject_within_deadline(&rejection).await {
             Ok(()) => (OutcomeKind::Rejected, reason),
             Err(e) => (
                 OutcomeKind::Retry,
@@ -477,6 +477,20 @@ impl Processor {
             outcome: kind,
             reason: Some(reason),
             guard: self.guard.name(),
+        }
+    }
+
+    /// Store a rejection within the invocation's deadline: a locked or hung
+    /// store must yield `retry`, not an invocation stuck past Event Grid's 30 s
+    /// (store calls queue behind each other, so one busy timeout each can add
+    /// up to much more than the deadline).
+    async fn reject_within_deadline(&self, rejection: &Rejection) -> Result<(), StoreError> {
+        match tokio::time::timeout(self.settings.deadline, self.store.reject(rejection)).await {
+            Ok(stored) => stored,
+            Err(_) => Err(StoreError::Transient(format!(
+                "internal deadline of {} ms passed; Event Grid will retry",
+                self.settings.deadline.as_millis()
+            ))),
         }
     }
 

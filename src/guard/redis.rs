@@ -119,6 +119,34 @@ impl RedisGuard {
     }
 }
 
+impl RedisGuard {
+    /// An acquire that timed out may still run: a hung Redis (paused, stuck
+    /// on a slow command) executes the queued script when it resumes, and
+    /// would leave a reservation nobody owns, so every redelivery would be
+    /// `in_progress` for the whole processing TTL. Queue a compare-and-delete
+    /// of our token right behind it: a timeout does not drop the connection,
+    /// so Redis runs the two in order and the stray reservation is removed
+    /// the moment it appears. Harmless when the acquire never ran.
+    ///
+    /// Sent as a plain `EVAL`, not `EVALSHA`: a `NOSCRIPT` answer would make
+    /// the client load the script and send it again *after* whatever was
+    /// queued meanwhile (e.g. the redelivery's own acquire).
+    fn disown(&self, order_id: &str, token: &Token) {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RELEASE)
+            .arg(2)
+            .arg(self.settings.key(order_id))
+            .arg(self.settings.fingerprint_key(order_id))
+            .arg(token.value());
+        let mut conn = self.conn.clone();
+        let bound = self.settings.processing_ttl;
+        tokio::spawn(async move {
+            // Only sending it matters; the answer may never come.
+            let _ = tokio::time::timeout(bound, cmd.query_async::<i64>(&mut conn)).await;
+        });
+    }
+}
+
 #[async_trait]
 impl IdempotencyGuard for RedisGuard {
     fn name(&self) -> &'static str {
@@ -134,7 +162,10 @@ impl IdempotencyGuard for RedisGuard {
         match reply {
             Ok((1, _, _)) => Acquisition::Acquired(token),
             Ok((_, value, fingerprint)) => classify_existing(value, fingerprint),
-            Err(e) => Acquisition::Unavailable(e.0),
+            Err(e) => {
+                self.disown(order_id, &token);
+                Acquisition::Unavailable(e.0)
+            }
         }
     }
 

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The benchmark (docs/benchmarks.md): builds release binaries, starts its own
+# redis-server (loopback, free port, no persistence, temp dir), the handler
+# (`order-guard serve`: Redis guard + a fresh SQLite file, RUST_LOG=warn so
+# logging does not dominate) and the HTTP-ceiling server, then runs the load
+# generator (examples/bench.rs), which prints the table and writes
+# target/bench/results.json and target/bench/latency_*.png.
+# Everything it starts is stopped on exit. About two minutes with the defaults.
+#
+# Arguments are passed to the load generator, e.g.
+#   scripts/bench.sh --rounds 5 --seconds 3
+#   scripts/bench.sh --concurrency 1,8,32 --cold-starts 10
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/ensure-redis.sh
+
+echo "==> cargo build --release (order-guard, examples/bench)"
+cargo build --release --bin order-guard --example bench
+TARGET_DIR="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null || echo target)"
+BIN="$TARGET_DIR/release/order-guard"
+BENCH="$TARGET_DIR/release/examples/bench"
+OUT="${BENCH_OUT:-target/bench}"
+mkdir -p "$OUT"
+
+# Scratch on the disk the working tree is on (not tmpfs): SQLite's fsyncs are
+# what the first-delivery path pays, so they must be real.
+SCRATCH_PARENT="${BENCH_SCRATCH_PARENT:-$PWD/target}"
+mkdir -p "$SCRATCH_PARENT"
+SCRATCH="$(mktemp -d "$SCRATCH_PARENT/bench-scratch.XXXXXX")"
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${PIDS[@]}"; do
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$SCRATCH"
+}
+trap cleanup EXIT INT TERM
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# wait_port PORT NAME: up to 20 s for something to listen on 127.0.0.1:PORT.
+wait_port() {
+  for _ in $(seq 1 400); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.05
+  done
+  echo "error: $2 did not listen on port $1 within 20 s" >&2
+  exit 1
+}
+
+REDIS_PORT="$(free_port)"
+echo "==> redis-server on 127.0.0.1:$REDIS_PORT ($(redis-server --version | awk '{print $3}'))"
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+  --daemonize no --dir "$SCRATCH" --logfile "$SCRATCH/redis.log" &
+PIDS+=("$!")
+wait_port "$REDIS_PORT" redis-server
+
+HANDLER_PORT="$(free_port)"
+echo "==> order-guard serve on 127.0.0.1:$HANDLER_PORT (RUST_LOG=warn, sqlite:$SCRATCH/orders.db)"
+FUNCTIONS_CUSTOMHANDLER_PORT="$HANDLER_PORT" \
+  REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
+  SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders.db" \
+  RUST_LOG=warn \
+  "$BIN" serve >"$SCRATCH/handler.log" 2>&1 &
+HANDLER_PID="$!"
+PIDS+=("$HANDLER_PID")
+wait_port "$HANDLER_PORT" order-guard
+
+CEILING_PORT="$(free_port)"
+echo "==> HTTP ceiling server on 127.0.0.1:$CEILING_PORT"
+"$BENCH" ceiling-server --port "$CEILING_PORT" >"$SCRATCH/ceiling.log" 2>&1 &
+PIDS+=("$!")
+wait_port "$CEILING_PORT" ceiling-server
+
+echo "==> machine: $(nproc) vCPU, $(lscpu | sed -n 's/^Model name: *//p')"
+echo "==> load generator"
+# The whole run is bounded: the generator stops by itself; this is a backstop.
+timeout 600 "$BENCH" run \
+  --handler "127.0.0.1:$HANDLER_PORT" --handler-pid "$HANDLER_PID" \
+  --ceiling "127.0.0.1:$CEILING_PORT" \
+  --redis-url "redis://127.0.0.1:$REDIS_PORT" \
+  --binary "$BIN" --scratch "$SCRATCH/cold" --out "$OUT" "$@"
+
+if ! kill -0 "$HANDLER_PID" 2>/dev/null; then
+  echo "error: the handler died during the run; its log:" >&2
+  tail -n 50 "$SCRATCH/handler.log" >&2
+  exit 1
+fi
+if grep -qE ' (WARN|ERROR) ' "$SCRATCH/handler.log"; then
+  echo "==> the handler logged warnings or errors during the run:"
+  grep -E ' (WARN|ERROR) ' "$SCRATCH/handler.log" | head -n 20
+fi
