@@ -73,24 +73,32 @@ fn redact_url(url: &str) -> String {
 /// Guard + store + processor, with the store's schema created or checked
 /// first (idempotent and serialized across processes on both stores), so a
 /// fresh database just works. A SQL Server that cannot be migrated at start
-/// does not stop the handler: invocations answer `retry` (Event Grid keeps
-/// the events) until it is reachable and migrated.
+/// does not stop the handler: the migration goes on in the background and
+/// invocations answer `retry` (Event Grid keeps the events) until it is done.
 pub async fn build_processor(config: &Config) -> anyhow::Result<Arc<Processor>> {
     let guard = build_guard(config)?;
     let store = build_store(config).await?;
-    // SQLite waits out a briefly locked file; SQL Server serves degraded below.
-    let migrated = match &config.store {
-        StoreConfig::Sqlite { .. } => migrate_at_start(store.as_ref()).await,
-        StoreConfig::SqlServer { .. } => store.migrate().await,
-    };
-    if let Err(e) = migrated {
-        match &config.store {
-            StoreConfig::Sqlite { .. } => {
-                return Err(e).context("creating the SQLite schema");
+    match &config.store {
+        // SQLite waits out a briefly locked file, then must succeed.
+        StoreConfig::Sqlite { .. } => migrate_at_start(store.as_ref())
+            .await
+            .context("creating the SQLite schema")?,
+        // SQL Server may be paused or failing over: give it a bounded first
+        // try (the host allows 30 s to start), then keep trying in the
+        // background. Until it succeeds, invocations answer `retry`.
+        StoreConfig::SqlServer { .. } => {
+            let first = tokio::time::timeout(SQLSERVER_MIGRATE_AT_START, store.migrate()).await;
+            match first {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => migrate_in_background(Arc::clone(&store), e.to_string()),
+                Err(_) => migrate_in_background(
+                    Arc::clone(&store),
+                    format!(
+                        "no answer within {} s",
+                        SQLSERVER_MIGRATE_AT_START.as_secs()
+                    ),
+                ),
             }
-            StoreConfig::SqlServer { .. } => log::error!(
-                "SQL Server schema not checked at start ({e}); invocations answer `retry` until the database is reachable and migrated (`order-guard migrate`)"
-            ),
         }
     }
     Ok(Arc::new(Processor::new(
@@ -105,6 +113,35 @@ pub async fn build_processor(config: &Config) -> anyhow::Result<Arc<Processor>> 
 /// the host's 30 s start limit, so one start does not become a failed start
 /// (the host shuts down after 3 of those).
 const MIGRATE_AT_START_PATIENCE: Duration = Duration::from_secs(20);
+
+/// How long `serve` waits for the SQL Server schema before it listens anyway.
+const SQLSERVER_MIGRATE_AT_START: Duration = Duration::from_secs(10);
+
+/// Keep migrating (back-off up to 30 s) until it succeeds, logging each miss.
+fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) {
+    log::error!(
+        "{} schema not checked at start ({first_error}); retrying in the background, and invocations answer `retry` until it succeeds",
+        store.name()
+    );
+    tokio::spawn(async move {
+        let mut pause = Duration::from_secs(1);
+        loop {
+            tokio::time::sleep(pause).await;
+            match store.migrate().await {
+                Ok(()) => {
+                    log::info!("{} schema is up to date", store.name());
+                    return;
+                }
+                Err(e) => log::error!(
+                    "{} schema still not checked ({e}); next try in {} s",
+                    store.name(),
+                    (pause * 2).min(Duration::from_secs(30)).as_secs()
+                ),
+            }
+            pause = (pause * 2).min(Duration::from_secs(30));
+        }
+    });
+}
 
 /// `migrate`, retrying transient failures with back-off for a bounded time.
 async fn migrate_at_start(store: &dyn OrderStore) -> Result<(), crate::store::StoreError> {

@@ -127,6 +127,16 @@ impl Config {
             }
         };
         let deadline = num("INVOCATION_DEADLINE_MS", 20_000, 100, 25_000)?;
+        let redis_timeout = num("REDIS_TIMEOUT_MS", 1_000, 10, 10_000)?;
+        // Every step of an event runs inside the deadline; only the release of
+        // a reservation after a failure may follow it, bounded by the Redis
+        // timeout. Both together must stay inside Event Grid's 30 s.
+        if deadline + redis_timeout > 28_000 {
+            return Err(err(
+                "INVOCATION_DEADLINE_MS",
+                format!("plus REDIS_TIMEOUT_MS ({redis_timeout}) must be at most 28000 ms, inside Event Grid's 30 s response window; got {deadline}"),
+            ));
+        }
         let store = match val("SQL_CONNECTION_STRING") {
             None => StoreConfig::Sqlite {
                 path: PathBuf::from(DEFAULT_SQLITE_PATH),
@@ -162,7 +172,7 @@ impl Config {
                 processing_ttl: Duration::from_secs(processing_ttl),
                 completed_ttl: Duration::from_secs(completed_ttl),
             },
-            redis_timeout: Duration::from_millis(num("REDIS_TIMEOUT_MS", 1_000, 10, 10_000)?),
+            redis_timeout: Duration::from_millis(redis_timeout),
             store,
             sql: SqlSettings {
                 connect_timeout: Duration::from_secs(num(
@@ -214,19 +224,19 @@ pub fn redis_url(v: &str) -> Result<String, ConfigError> {
     }
     let mut parts = v.split(',');
     let endpoint = parts.next().unwrap_or("").trim();
+    // Messages never quote the value: a mistyped separator can put the access
+    // key where the port or host should be.
+    let form = "expected redis://HOST:PORT, rediss://:KEY@HOST:6380, or Azure's HOST:6380,password=KEY,ssl=True form (the value is not shown)";
     let (host, port) = match endpoint.rsplit_once(':') {
         Some((h, p)) => (
             h,
             p.parse::<u16>()
-                .map_err(|_| err(VAR, format!("port {p:?} in {endpoint:?} is not a number")))?,
+                .map_err(|_| err(VAR, format!("the port after ':' is not a number; {form}")))?,
         ),
         None => (endpoint, 6379),
     };
-    if host.is_empty() || host.contains(['/', '@', ' ']) {
-        return Err(err(
-            VAR,
-            "expected redis://HOST:PORT, rediss://:KEY@HOST:6380, or Azure's HOST:6380,password=KEY,ssl=True form",
-        ));
+    if host.is_empty() || host.contains(['/', '@', ' ', ';']) {
+        return Err(err(VAR, format!("not a host name; {form}")));
     }
     let (mut password, mut ssl, mut user) = (None, port == 6380, None);
     for part in parts {
@@ -290,6 +300,12 @@ mod tests {
         let e = config(&[("SQL_CONNECTION_STRING", "postgres-please")]).unwrap_err();
         assert_eq!(e.var, "SQL_CONNECTION_STRING");
         let e = config(&[
+            ("INVOCATION_DEADLINE_MS", "25000"),
+            ("REDIS_TIMEOUT_MS", "5000"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.var, "INVOCATION_DEADLINE_MS");
+        let e = config(&[
             ("GUARD_PROCESSING_TTL_SECONDS", "600"),
             ("GUARD_COMPLETED_TTL_SECONDS", "60"),
         ])
@@ -329,7 +345,16 @@ mod tests {
             redis_url("redis://127.0.0.1:7000/0").unwrap(),
             "redis://127.0.0.1:7000/0"
         );
-        let e = redis_url("http://nope").unwrap_err();
-        assert!(!e.to_string().contains("nope@"), "{e}");
+        for bad in [
+            "cache:6380;password=S3cretKey",
+            "default:S3cretKey@host",
+            "cache S3cretKey:6380",
+            "http://S3cretKey@host",
+            "redis://:S3cretKey@host:notaport",
+        ] {
+            let e = redis_url(bad).unwrap_err().to_string();
+            assert!(e.starts_with("REDIS_URL: "), "{e}");
+            assert!(!e.contains("S3cretKey"), "{bad} leaked into {e}");
+        }
     }
 }

@@ -4,6 +4,8 @@
 //! This module turns the trigger value the host hands us into events, and an
 //! event into the order payload (`data`). It knows nothing of HTTP, Redis or SQL.
 
+use std::borrow::Cow;
+
 use base64::Engine;
 use serde_json::Value;
 
@@ -71,15 +73,16 @@ pub fn normalize(mut value: Value) -> Result<Delivery, InvalidEvent> {
 
 /// One event's envelope, checked, with its order payload decoded.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Envelope {
+pub struct Envelope<'a> {
     pub schema: Schema,
     pub event_id: String,
-    /// The order payload (`data`), decoded to an object when it was a string.
-    pub data: Value,
+    /// The order payload (`data`): borrowed from the event, or decoded when
+    /// it arrived as a string or as `data_base64`.
+    pub data: Cow<'a, Value>,
 }
 
 /// Check an event's envelope and extract its `data`.
-pub fn parse_envelope(event: &Value) -> Result<Envelope, InvalidEvent> {
+pub fn parse_envelope(event: &Value) -> Result<Envelope<'_>, InvalidEvent> {
     let obj = event.as_object().ok_or_else(|| {
         InvalidEvent(format!(
             "each event must be a JSON object, got {}",
@@ -118,7 +121,7 @@ pub fn parse_envelope(event: &Value) -> Result<Envelope, InvalidEvent> {
     let data = match schema {
         Schema::EventGrid => {
             text("eventType")?;
-            obj.get("data").cloned()
+            obj.get("data").map(Cow::Borrowed)
         }
         Schema::CloudEvents => {
             let version = text("specversion")?;
@@ -131,8 +134,8 @@ pub fn parse_envelope(event: &Value) -> Result<Envelope, InvalidEvent> {
             text("source")?;
             text("type")?;
             match (obj.get("data"), obj.get("data_base64")) {
-                (Some(d), _) => Some(d.clone()),
-                (None, Some(Value::String(b64))) => Some(decode_base64_data(b64)?),
+                (Some(d), _) => Some(Cow::Borrowed(d)),
+                (None, Some(Value::String(b64))) => Some(Cow::Owned(decode_base64_data(b64)?)),
                 (None, Some(other)) => {
                     return Err(InvalidEvent(format!(
                         "cloudevents event: 'data_base64' must be a string, got {}",
@@ -144,7 +147,12 @@ pub fn parse_envelope(event: &Value) -> Result<Envelope, InvalidEvent> {
         }
     };
     let data = match data {
-        None | Some(Value::Null) => {
+        None => None,
+        Some(d) if d.is_null() => None,
+        Some(d) => Some(d),
+    };
+    let data = match data {
+        None => {
             return Err(InvalidEvent(format!(
                 "{} event {:?} has no 'data': the order payload is missing",
                 schema.as_str(),
@@ -152,13 +160,15 @@ pub fn parse_envelope(event: &Value) -> Result<Envelope, InvalidEvent> {
             )))
         }
         // Custom topics may carry `data` as a string holding the JSON object.
-        Some(Value::String(s)) => serde_json::from_str(&s).map_err(|e| {
-            InvalidEvent(format!(
-                "event 'data' is a string that is not JSON ({e}): {:?}",
-                truncate(&s, 80)
-            ))
-        })?,
-        Some(d) => d,
+        Some(d) => match d.as_ref() {
+            Value::String(s) => Cow::Owned(serde_json::from_str(s).map_err(|e| {
+                InvalidEvent(format!(
+                    "event 'data' is a string that is not JSON ({e}): {:?}",
+                    truncate(s, 80)
+                ))
+            })?),
+            _ => d,
+        },
     };
     Ok(Envelope {
         schema,
@@ -213,22 +223,23 @@ mod tests {
 
     #[test]
     fn reads_both_schemas() {
-        let e = parse_envelope(&eg()).unwrap();
+        let event = eg();
+        let e = parse_envelope(&event).unwrap();
         assert_eq!((e.schema, e.event_id.as_str()), (Schema::EventGrid, "e1"));
         let ce = json!({"specversion":"1.0","id":"c1","source":"/t","type":"Trading.Order.Placed","data":{"orderId":"o1"}});
         let e = parse_envelope(&ce).unwrap();
         assert_eq!(e.schema, Schema::CloudEvents);
-        assert_eq!(e.data, json!({"orderId":"o1"}));
+        assert_eq!(*e.data, json!({"orderId":"o1"}));
         let b64 = base64::engine::general_purpose::STANDARD.encode(br#"{"orderId":"o2"}"#);
         let ce = json!({"specversion":"1.0","id":"c2","source":"/t","type":"T","data_base64":b64});
-        assert_eq!(parse_envelope(&ce).unwrap().data, json!({"orderId":"o2"}));
+        assert_eq!(*parse_envelope(&ce).unwrap().data, json!({"orderId":"o2"}));
     }
 
     #[test]
     fn decodes_data_held_as_a_string() {
         let mut e = eg();
         e["data"] = Value::String(r#"{"orderId":"o9"}"#.into());
-        assert_eq!(parse_envelope(&e).unwrap().data, json!({"orderId":"o9"}));
+        assert_eq!(*parse_envelope(&e).unwrap().data, json!({"orderId":"o9"}));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! object: the host hangs on an empty or `null` 2xx body. `GET /` answers the
 //! host's readiness probe. This module knows nothing of Redis or SQL.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -15,7 +16,10 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use futures::{Stream, StreamExt};
-use serde_json::{json, Map, Value};
+
+use serde_json::error::Category;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
 use warp::http::StatusCode;
 use warp::{Filter, Rejection, Reply};
 
@@ -183,44 +187,67 @@ where
     Ok(bytes)
 }
 
+/// One level of a JSON object, its members left as unparsed text: the
+/// invocation's `Metadata` (a second copy of the event's data) is never
+/// turned into a tree, which is most of the work on the duplicate path.
+type Members<'a> = BTreeMap<String, &'a RawValue>;
+
+/// Parse `text` as one object level; when it is JSON but not an object,
+/// `not_object` says so given the kind of value it is.
+fn members<'a>(
+    text: &'a str,
+    not_object: impl FnOnce(&str) -> String,
+) -> Result<Members<'a>, Refusal> {
+    serde_json::from_str(text).map_err(|e| {
+        let message = match e.classify() {
+            Category::Data => not_object(
+                serde_json::from_str::<Value>(text)
+                    .map(|v| crate::order::json_kind(&v))
+                    .unwrap_or("something else"),
+            ),
+            _ => format!("request body is not valid JSON: {e}"),
+        };
+        Refusal::new(StatusCode::BAD_REQUEST, message)
+    })
+}
+
+/// Take `key` from `map`, matching its case exactly first, then without case.
+fn take_ci<'a>(map: &mut Members<'a>, key: &str) -> Option<&'a RawValue> {
+    if let Some(v) = map.remove(key) {
+        return Some(v);
+    }
+    let actual = map.keys().find(|k| k.eq_ignore_ascii_case(key))?.clone();
+    map.remove(&actual)
+}
+
 /// `Data.eventGridEvent` from an invocation body (keys matched without case).
 fn trigger_value(body: &[u8]) -> Result<Value, Refusal> {
     let bad = |m: String| Refusal::new(StatusCode::BAD_REQUEST, m);
     if body.is_empty() {
         return Err(bad("empty request body; expected a Functions host invocation {\"Data\":{\"eventGridEvent\":…},\"Metadata\":{…}}".into()));
     }
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| bad(format!("request body is not valid JSON: {e}")))?;
-    let Value::Object(mut top) = value else {
-        return Err(bad(format!(
-            "request body is JSON but not a host invocation: expected an object with \"Data\", got {}",
-            crate::order::json_kind(&value)
-        )));
-    };
+    let text = std::str::from_utf8(body).map_err(|e| {
+        bad(format!(
+            "request body is not valid JSON: it is not UTF-8 ({e})"
+        ))
+    })?;
+    let mut top = members(text, |kind| {
+        format!("request body is JSON but not a host invocation: expected an object with \"Data\", got {kind}")
+    })?;
     let data = take_ci(&mut top, "Data").ok_or_else(|| {
         bad("request body is not a host invocation: it has no \"Data\" member".into())
     })?;
-    let Value::Object(mut data) = data else {
+    let mut data = members(data.get(), |kind| {
+        format!("invocation \"Data\" must be an object keyed by binding name, got {kind}")
+    })?;
+    let Some(trigger) = take_ci(&mut data, BINDING_NAME) else {
+        let found: Vec<&String> = data.keys().collect();
         return Err(bad(format!(
-            "invocation \"Data\" must be an object keyed by binding name, got {}",
-            crate::order::json_kind(&data)
+            "invocation \"Data\" has no {BINDING_NAME:?} binding (found: {found:?}); the trigger in OrderTrigger/function.json must be named {BINDING_NAME}"
         )));
     };
-    let found: Vec<String> = data.keys().cloned().collect();
-    take_ci(&mut data, BINDING_NAME).ok_or_else(|| {
-        bad(format!(
-            "invocation \"Data\" has no {BINDING_NAME:?} binding (found: {found:?}); the trigger in OrderTrigger/function.json must be named {BINDING_NAME}"
-        ))
-    })
-}
-
-/// Remove `key` from `map`, matching its case exactly first, then without case.
-fn take_ci(map: &mut Map<String, Value>, key: &str) -> Option<Value> {
-    if let Some(v) = map.remove(key) {
-        return Some(v);
-    }
-    let actual = map.keys().find(|k| k.eq_ignore_ascii_case(key))?.clone();
-    map.remove(&actual)
+    serde_json::from_str(trigger.get())
+        .map_err(|e| bad(format!("request body is not valid JSON: {e}")))
 }
 
 /// Map the outcomes to the host's answer: all-or-none per invocation.

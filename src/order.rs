@@ -13,7 +13,8 @@ use rust_decimal::Decimal;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-/// Longest accepted `orderId`, `accountId`, `symbol` (they are keys and index columns).
+/// Longest accepted `orderId`, `accountId`, `symbol` in UTF-16 units (they are
+/// keys and index columns: `NVARCHAR(128)` on SQL Server).
 pub const MAX_ID_LEN: usize = 128;
 /// Most digits after the decimal point: the stores keep `DECIMAL(28,10)`.
 pub const MAX_SCALE: u32 = 10;
@@ -283,10 +284,11 @@ fn valid_id(s: &str) -> Result<(), String> {
     if t.is_empty() {
         return Err("must not be empty".into());
     }
-    if t.chars().count() > MAX_ID_LEN {
+    // Counted in UTF-16 units, as SQL Server's NVARCHAR(128) counts them.
+    let units = t.encode_utf16().count();
+    if units > MAX_ID_LEN {
         return Err(format!(
-            "is {} characters long; at most {MAX_ID_LEN} are allowed",
-            t.chars().count()
+            "is {units} characters (UTF-16 units) long; at most {MAX_ID_LEN} are allowed"
         ));
     }
     if has_control(t) {
@@ -314,6 +316,17 @@ fn positive_decimal(field: &str, v: &Value) -> Result<Decimal, InvalidOrder> {
         }
     };
     let shown = truncate(&text, 48);
+    // The Functions host re-serializes numbers through .NET doubles, which
+    // writes small and large ones in exponent form (0.000001 → 1E-06): expand
+    // that form exactly into the plain decimal it denotes.
+    let text = match text.split_once(['e', 'E']) {
+        Some((mantissa, exponent)) => expand_exponent(mantissa, exponent).ok_or_else(|| {
+            InvalidOrder(format!(
+                "{field} {shown:?} is not a decimal number (exponent form needs digits and an exponent of at most {MAX_EXPONENT})"
+            ))
+        })?,
+        None => text,
+    };
     let plain = {
         let digits = text.strip_prefix(['-', '+']).unwrap_or(&text);
         let mut parts = digits.splitn(2, '.');
@@ -324,12 +337,9 @@ fn positive_decimal(field: &str, v: &Value) -> Result<Decimal, InvalidOrder> {
             && frac.is_none_or(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
     };
     if !plain {
-        let why = if text.contains(['e', 'E']) && text.bytes().any(|b| b.is_ascii_digit()) {
-            "exponent notation is not accepted; write the plain decimal"
-        } else {
-            "is not a decimal number"
-        };
-        return Err(InvalidOrder(format!("{field} {shown:?}: {why}")));
+        return Err(InvalidOrder(format!(
+            "{field} {shown:?}: is not a decimal number"
+        )));
     }
     let unsigned = text.trim_start_matches(['-', '+']);
     let int_digits = unsigned
@@ -376,6 +386,45 @@ fn positive_decimal(field: &str, v: &Value) -> Result<Decimal, InvalidOrder> {
         )));
     }
     Ok(d.normalize())
+}
+
+/// Largest exponent magnitude `expand_exponent` accepts: anything beyond is
+/// far outside `DECIMAL(28,10)` anyway, and the bound keeps the expansion small.
+const MAX_EXPONENT: i32 = 40;
+
+/// `1.5E-06` → `0.0000015`, `2e3` → `2000`: the plain decimal text an
+/// exponent form denotes, digit for digit (no floating point). `None` when
+/// either part is malformed or the exponent is out of range.
+fn expand_exponent(mantissa: &str, exponent: &str) -> Option<String> {
+    let (sign, unsigned) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa.strip_prefix('+').unwrap_or(mantissa)),
+    };
+    let (int, frac) = unsigned.split_once('.').unwrap_or((unsigned, ""));
+    let all_digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+    if int.is_empty() || !all_digits(int) || !all_digits(frac) {
+        return None;
+    }
+    let exp_digits = exponent.strip_prefix(['+', '-']).unwrap_or(exponent);
+    if exp_digits.is_empty() || exp_digits.len() > 3 || !all_digits(exp_digits) {
+        return None;
+    }
+    let exp: i32 = exponent.parse().ok()?;
+    if exp.abs() > MAX_EXPONENT {
+        return None;
+    }
+    let digits = format!("{int}{frac}");
+    // Position of the decimal point within `digits` after the shift.
+    let point = int.len() as i32 + exp;
+    let plain = if point <= 0 {
+        format!("0.{}{digits}", "0".repeat((-point) as usize))
+    } else if point as usize >= digits.len() {
+        format!("{digits}{}", "0".repeat(point as usize - digits.len()))
+    } else {
+        let (i, f) = digits.split_at(point as usize);
+        format!("{i}.{f}")
+    };
+    Some(format!("{sign}{plain}"))
 }
 
 /// A short name for a JSON value's type, for error messages.
@@ -449,6 +498,23 @@ mod tests {
     }
 
     #[test]
+    fn exponent_forms_are_expanded_exactly() {
+        for (text, want) in [
+            ("1E-06", "0.000001"),
+            ("1.5e-6", "0.0000015"),
+            ("2e3", "2000"),
+            ("4.3115E+2", "431.15"),
+            ("12.5e1", "125"),
+        ] {
+            let o = order(with("quantity", parsed(text))).unwrap();
+            assert_eq!(o.quantity.to_string(), want, "{text}");
+        }
+        let a = order(with("quantity", parsed("1E-06"))).unwrap();
+        let b = order(with("quantity", json!("0.000001"))).unwrap();
+        assert_eq!(a.fingerprint(), b.fingerprint());
+    }
+
+    #[test]
     fn fingerprint_ignores_key_order_number_format_and_case() {
         let a = order(parsed(
             r#"{"orderId":"o","accountId":"a","side":"buy","symbol":"msft","quantity":10,"limitPrice":5.5}"#,
@@ -473,7 +539,10 @@ mod tests {
             (json!(-3), "greater than 0"),
             (json!("abc"), "not a decimal number"),
             (json!("NaN"), "not a decimal number"),
-            (parsed("1e3"), "exponent notation"),
+            (parsed("1e40"), "at most 18"),
+            (parsed("1E-11"), "decimal places"),
+            (parsed("1e999"), "exponent form"),
+            (json!("1e"), "exponent form"),
             (
                 json!("1234567890123456789012345678901234567890"),
                 "at most 18",

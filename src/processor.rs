@@ -14,7 +14,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use fail::fail_point;
 use serde::Serialize;
@@ -185,6 +187,8 @@ struct Work<'a> {
     order: Order,
     event_id: &'a str,
     raw: &'a Value,
+    /// When this event's answer is due: one bound for every step of it.
+    deadline: Instant,
 }
 
 impl Processor {
@@ -216,29 +220,50 @@ impl Processor {
     /// Process a trigger value (`Data.eventGridEvent`): one event or a batch.
     /// A batch's events run concurrently; the caller answers it all-or-none.
     pub async fn process_trigger(&self, trigger: Value) -> TriggerResult {
+        // The usual trigger is one event object: no copy, no decoding. Only
+        // the other forms go through `normalize`, which needs its own copy
+        // because a poison trigger is stored as it arrived.
+        if trigger.is_object() {
+            let outcome = self.process_event(&trigger).await;
+            return TriggerResult {
+                batch: false,
+                outcomes: vec![outcome],
+            };
+        }
         let (batch, outcomes) = match normalize(trigger.clone()) {
             Ok(Delivery::Single(event)) => (false, vec![self.process_event(&event).await]),
             Ok(Delivery::Batch(events)) if events.is_empty() => {
                 let reason = "the event batch is empty".to_string();
-                (true, vec![self.poison(&trigger, None, None, reason).await])
+                let due = self.due();
+                (
+                    true,
+                    vec![self.poison(&trigger, None, None, reason, due).await],
+                )
             }
             Ok(Delivery::Batch(events)) => {
                 let all = events.iter().map(|e| self.process_event(e));
                 (true, futures::future::join_all(all).await)
             }
-            Err(e) => (false, vec![self.poison(&trigger, None, None, e.0).await]),
+            Err(e) => {
+                let due = self.due();
+                (
+                    false,
+                    vec![self.poison(&trigger, None, None, e.0, due).await],
+                )
+            }
         };
         TriggerResult { batch, outcomes }
     }
 
     /// Process one event (an envelope object).
     pub async fn process_event(&self, event: &Value) -> Outcome {
+        let deadline = self.due();
         let envelope = match parse_envelope(event) {
             Ok(env) => env,
             Err(e) => {
                 let id = event.get("data").and_then(probable_order_id);
                 let eid = event.get("id").and_then(Value::as_str).map(str::to_string);
-                return self.poison(event, id, eid, e.0).await;
+                return self.poison(event, id, eid, e.0, deadline).await;
             }
         };
         let order = match Order::from_data(&envelope.data) {
@@ -251,6 +276,7 @@ impl Processor {
                         id,
                         Some(envelope.event_id.clone()),
                         format!("invalid order: {e}"),
+                        deadline,
                     )
                     .await;
             }
@@ -259,37 +285,41 @@ impl Processor {
             order,
             event_id: &envelope.event_id,
             raw: event,
+            deadline,
         };
         let started = Instant::now();
         let outcome = self.process_order(&work).await;
         self.counters.count(outcome.outcome);
-        let ms = started.elapsed().as_secs_f64() * 1e3;
-        let line = format!(
-            "order {} event {}: {} (guard={}, {ms:.1} ms){}",
+        let level = match outcome.outcome {
+            OutcomeKind::Executed | OutcomeKind::Duplicate => log::Level::Info,
+            OutcomeKind::InProgress | OutcomeKind::Conflict | OutcomeKind::Rejected => {
+                log::Level::Warn
+            }
+            OutcomeKind::Retry => log::Level::Error,
+        };
+        // `log!` formats only when the level is enabled: the hot duplicate
+        // path builds no line at RUST_LOG=warn.
+        log::log!(
+            level,
+            "order {} event {}: {} (guard={}, {:.1} ms){}{}",
             work.order.order_id,
             work.event_id,
             outcome.outcome.as_str(),
             outcome.guard,
-            outcome
-                .reason
-                .as_deref()
-                .map(|r| format!(": {r}"))
-                .unwrap_or_default()
+            started.elapsed().as_secs_f64() * 1e3,
+            if outcome.reason.is_some() { ": " } else { "" },
+            outcome.reason.as_deref().unwrap_or("")
         );
-        match outcome.outcome {
-            OutcomeKind::Executed | OutcomeKind::Duplicate => log::info!("{line}"),
-            OutcomeKind::InProgress | OutcomeKind::Conflict | OutcomeKind::Rejected => {
-                log::warn!("{line}")
-            }
-            OutcomeKind::Retry => log::error!("{line}"),
-        }
         outcome
     }
 
     async fn process_order(&self, w: &Work<'_>) -> Outcome {
         let order = &w.order;
         let mut guard_label = self.guard.name();
-        let token = match self.guard.acquire(&order.order_id).await {
+        let acquired = tokio::time::timeout_at(w.deadline, self.guard.acquire(&order.order_id))
+            .await
+            .unwrap_or_else(|_| Acquisition::Unavailable("internal deadline passed".into()));
+        let token = match acquired {
             Acquisition::Acquired(t) => Some(t),
             Acquisition::Completed {
                 fingerprint: Some(fp),
@@ -337,7 +367,7 @@ impl Processor {
             }
         };
         let use_guard = guard_label != "unavailable";
-        match tokio::time::timeout(self.settings.deadline, self.steps(w, use_guard)).await {
+        match tokio::time::timeout_at(w.deadline, self.steps(w, use_guard)).await {
             Ok(Ok(kind)) => self.outcome(w, kind, None, guard_label),
             Ok(Err(Stop::Conflict(existing))) => {
                 self.conflict(w, existing, token.as_ref(), guard_label)
@@ -425,7 +455,7 @@ impl Processor {
             existing_fingerprint: Some(existing),
             raw_event: w.raw.to_string(),
         };
-        let stored = self.reject_within_deadline(&rejection).await;
+        let stored = self.reject_by(&rejection, w.deadline).await;
         // Our reservation (if any) must not stand for the other order.
         self.release(&w.order, token).await;
         match stored {
@@ -447,6 +477,7 @@ impl Processor {
         order_id: Option<String>,
         event_id: Option<String>,
         reason: String,
+        deadline: Instant,
     ) -> Outcome {
         let rejection = Rejection {
             kind: RejectionKind::Poison,
@@ -457,7 +488,7 @@ impl Processor {
             existing_fingerprint: None,
             raw_event: raw.to_string(),
         };
-        let (kind, reason) = match self.reject_within_deadline(&rejection).await {
+        let (kind, reason) = match self.reject_by(&rejection, deadline).await {
             Ok(()) => (OutcomeKind::Rejected, reason),
             Err(e) => (
                 OutcomeKind::Retry,
@@ -480,12 +511,17 @@ impl Processor {
         }
     }
 
-    /// Store a rejection within the invocation's deadline: a locked or hung
-    /// store must yield `retry`, not an invocation stuck past Event Grid's 30 s
-    /// (store calls queue behind each other, so one busy timeout each can add
-    /// up to much more than the deadline).
-    async fn reject_within_deadline(&self, rejection: &Rejection) -> Result<(), StoreError> {
-        match tokio::time::timeout(self.settings.deadline, self.store.reject(rejection)).await {
+    /// When an event arriving now must be answered.
+    fn due(&self) -> Instant {
+        Instant::now() + self.settings.deadline
+    }
+
+    /// Store a rejection by the event's deadline: a locked or hung store must
+    /// yield `retry`, not an invocation stuck past Event Grid's 30 s (store
+    /// calls queue behind each other, so one busy timeout each can add up to
+    /// much more than the deadline).
+    async fn reject_by(&self, rejection: &Rejection, deadline: Instant) -> Result<(), StoreError> {
+        match tokio::time::timeout_at(deadline, self.store.reject(rejection)).await {
             Ok(stored) => stored,
             Err(_) => Err(StoreError::Transient(format!(
                 "internal deadline of {} ms passed; Event Grid will retry",

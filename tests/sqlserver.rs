@@ -67,7 +67,36 @@ fn every_schema_batch_parses_as_tsql() {
     }
     assert!(schema.contains("CREATE UNIQUE INDEX UX_ORDERS_ORDERID ON DBO.ORDERS (ORDERID)"));
     assert!(schema.contains("CREATE UNIQUE INDEX UX_REJECTEDEVENTS_EVENTHASH"));
-    assert!(schema.contains("QUANTITY    DECIMAL(28, 10) NOT NULL"));
+    // Orders keep DECIMAL(28,10) (each order is at most 10^18); a position,
+    // the sum of many orders, is DECIMAL(38,10) so the sum cannot overflow
+    // (error 8115).
+    let batch_of = |table: &str| {
+        batches
+            .iter()
+            .find(|b| {
+                b.to_ascii_uppercase()
+                    .contains(&format!("CREATE TABLE DBO.{table} ("))
+            })
+            .unwrap_or_else(|| panic!("no batch creates {table}"))
+            .to_ascii_uppercase()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let orders = batch_of("ORDERS");
+    assert!(
+        orders.contains("QUANTITY DECIMAL(28, 10) NOT NULL"),
+        "{orders}"
+    );
+    assert!(
+        orders.contains("LIMITPRICE DECIMAL(28, 10) NULL"),
+        "{orders}"
+    );
+    let positions = batch_of("POSITIONS");
+    assert!(
+        positions.contains("QUANTITY DECIMAL(38, 10) NOT NULL"),
+        "{positions}"
+    );
 }
 
 /// Constructs outside the portable subset (docs/protocol.md 7.4).
@@ -526,74 +555,209 @@ fn quoted_values_keep_separators_and_doubled_quotes() {
 #[test]
 fn missing_or_malformed_parts_are_named_without_the_password() {
     let secret = "Sup3r$ecretPw";
-    let cases = [
+    // (connection string, what the error must mention, text it must never
+    // contain: the password, or whatever the malformed value holds).
+    let cases: Vec<(String, &str, &str)> = vec![
         (
             format!("Initial Catalog=o;User ID=u;Password={secret}"),
             "Server",
+            secret,
         ),
-        (format!("Server=tcp:h,1433;Password={secret}"), "User ID"),
-        ("Server=tcp:h,1433;User ID=u".to_string(), "Password"),
+        (
+            format!("Server=tcp:h,1433;Password={secret}"),
+            "User ID",
+            secret,
+        ),
+        (
+            "Server=tcp:h,1433;User ID=u".to_string(),
+            "Password",
+            secret,
+        ),
         (
             format!("Server=tcp:h,port;User ID=u;Password={secret}"),
             "port",
+            secret,
         ),
         (
             format!("Server=tcp:h,99999;User ID=u;Password={secret}"),
             "port",
+            secret,
         ),
         (
             format!("Server=tcp:,1433;User ID=u;Password={secret}"),
             "host",
+            secret,
         ),
         (
             format!("Server=h\\inst;User ID=u;Password={secret}"),
             "named instance",
+            secret,
         ),
         (
             format!("Server=np:h;User ID=u;Password={secret}"),
             "only TCP",
+            secret,
         ),
-        (format!("Server=h;User ID=u;Password=\"{secret}"), "quote"),
+        (
+            format!("Server=h;User ID=u;Password=\"{secret}"),
+            "quote",
+            secret,
+        ),
+        (
+            format!("Server=h;User ID=u;Password='{secret}"),
+            "Password",
+            secret,
+        ),
+        (
+            format!("Server=h;User ID=u;Password=\"{secret}\"x;Encrypt=True"),
+            "closing quote",
+            secret,
+        ),
         (
             format!("Server=h;User ID=u;Password={secret};Encrypt=maybe"),
             "Encrypt",
+            secret,
         ),
         (
             format!("Server=h;User ID=u;Password={secret};Encrypt=Strict"),
             "Strict",
+            secret,
         ),
         (
             format!("Server=h;User ID=u;Password={secret};TrustServerCertificate=sure"),
             "TrustServerCertificate",
+            secret,
         ),
         (
             format!(
                 "Server=h;User ID=u;Password={secret};Authentication=Active Directory Password"
             ),
             "Authentication",
+            secret,
         ),
         (
             format!("Server=h;User ID=u;Password={secret};Integrated Security=SSPI"),
             "Integrated Security",
+            secret,
         ),
         // An unquoted ';' splits the password: the fragment must not be shown.
         (
             format!("Server=h;User ID=u;Password=ab;{secret};Encrypt=True"),
             "no '='",
+            secret,
+        ),
+        (
+            format!("Server=h;User ID=u;Password=ab;{secret}=\"x;Encrypt=True"),
+            "part 4",
+            secret,
+        ),
+        // A missing ';' glues the password onto the value before it (the
+        // reviewer's two cases, then the same for every kept value).
+        (
+            "Server=tcp:srv,1433 Password=S3cret!;Initial Catalog=o;User ID=u;".to_string(),
+            "Server",
+            "S3cret!",
+        ),
+        (
+            "Server=srv Pwd=S3cret!;Initial Catalog=o;User ID=u;".to_string(),
+            "Server",
+            "S3cret!",
+        ),
+        (
+            "Server=srvPassword=S3cret!;Initial Catalog=o;User ID=u;".to_string(),
+            "Server",
+            "S3cret!",
+        ),
+        (
+            "Server=srv;Initial Catalog=o PWD = S3cret!;User ID=u;Password=p".to_string(),
+            "Initial Catalog",
+            "S3cret!",
+        ),
+        (
+            "Server=srv;Initial Catalog=o;User ID=u Password=S3cret!;".to_string(),
+            "User ID",
+            "S3cret!",
+        ),
+        (
+            "Server=srv;Authentication=Active Directory Default;User ID=c Pwd=S3cret!".to_string(),
+            "User ID",
+            "S3cret!",
+        ),
+        (
+            "Server=srv;User ID=u;Password=p;Application Name=og Password=S3cret!".to_string(),
+            "Application Name",
+            "S3cret!",
+        ),
+        (
+            "Server=srv;User ID=u;Password=p;TrustServerCertificateCA=ca.pem Pwd=S3cret!"
+                .to_string(),
+            "TrustServerCertificateCA",
+            "S3cret!",
+        ),
+        // Malformed Server values holding a secret without any keyword:
+        // neither the port, the host nor the instance text is shown.
+        (
+            format!("Server=tcp:srv,{secret};User ID=u;Password=p"),
+            "port",
+            secret,
+        ),
+        (
+            format!("Server=tcp:srv,1433 {secret};User ID=u;Password=p"),
+            "port",
+            secret,
+        ),
+        (
+            format!("Server=srv {secret};User ID=u;Password=p"),
+            "host",
+            secret,
+        ),
+        (
+            format!("Server=tcp:{secret}@srv,1433;User ID=u;Password=p"),
+            "host",
+            secret,
+        ),
+        (
+            format!("Server={secret}\\inst;User ID=u;Password=p"),
+            "named instance",
+            secret,
         ),
     ];
-    for (cs, expected) in cases {
+    for (cs, expected, hidden) in cases {
         let e = SqlConnInfo::parse(&cs).unwrap_err().to_string();
         assert!(e.starts_with("SQL_CONNECTION_STRING: "), "{e}");
         assert!(
             e.contains(expected),
             "{cs:?} gave {e:?}, expected it to mention {expected:?}"
         );
+        // Not the text, and no piece of it either (any 4 characters in a row).
+        let chars: Vec<char> = hidden.chars().collect();
+        for piece in chars.windows(4.min(chars.len())) {
+            let piece: String = piece.iter().collect();
+            assert!(
+                !e.contains(&piece),
+                "{cs:?}: {piece:?} of the hidden text echoed in {e:?}"
+            );
+        }
+        assert!(!e.contains("ab;"), "password fragment echoed: {e}");
+        // Nor through the Debug form of the error.
         assert!(
-            !e.contains(secret) && !e.contains("ab;"),
-            "password echoed: {e}"
+            !format!("{:?}", SqlConnInfo::parse(&cs).unwrap_err()).contains(hidden),
+            "{cs:?}"
         );
     }
+}
+
+#[test]
+fn values_with_an_equals_sign_but_no_password_setting_still_parse() {
+    let c = SqlConnInfo::parse(
+        "Server=h;User ID=u;Password=p;Application Name=a=b;Initial Catalog=\"db;x\"",
+    )
+    .unwrap();
+    assert_eq!(c.application_name.as_deref(), Some("a=b"));
+    assert_eq!(c.database.as_deref(), Some("db;x"));
+    // A password that itself contains "Password=" is the password's business.
+    let c = SqlConnInfo::parse("Server=h;User ID=u;Password=\"x;Password=y\"").unwrap();
+    assert!(matches!(c.auth, Auth::SqlPassword { ref password, .. } if password == "x;Password=y"));
 }
 
 #[test]

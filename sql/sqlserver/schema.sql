@@ -7,7 +7,10 @@
 -- Batches are separated by lines holding only GO; each is sent on its own.
 --
 -- Portable T-SQL only (docs/protocol.md 7.4): no MERGE, no CREATE OR ALTER,
--- no ROWVERSION, no sys.dm_* views. Money is DECIMAL(28,10), exact.
+-- no ROWVERSION, no sys.dm_* views. Quantities and prices are exact:
+-- DECIMAL(28,10) per order (each at most 10^18), DECIMAL(38,10) for a
+-- position, the sum of many orders, which DECIMAL(28,10) would overflow
+-- (error 8115) past 10^18.
 -- Column names match the SQLite schema (sql/sqlite/schema.sql).
 
 IF OBJECT_ID(N'dbo.SchemaVersion', N'U') IS NULL
@@ -52,7 +55,7 @@ IF OBJECT_ID(N'dbo.Positions', N'U') IS NULL
     CREATE TABLE dbo.Positions (
         AccountId NVARCHAR(128)   NOT NULL,
         Symbol    NVARCHAR(128)   NOT NULL,
-        Quantity  DECIMAL(28, 10) NOT NULL,
+        Quantity  DECIMAL(38, 10) NOT NULL,
         UpdatedAt DATETIME2(3)    NOT NULL,
         CONSTRAINT PK_Positions PRIMARY KEY (AccountId, Symbol)
     );

@@ -5,8 +5,11 @@
 //! `Authentication=Active Directory …`, and its lexer rejects values that
 //! ADO.NET accepts (an unquoted `=` inside a password, for example). Here a
 //! malformed string fails naming the keyword and what was expected, and
-//! **never** echoes a value that could be a secret; `Debug` hides the
-//! password too. The grammar follows ADO.NET: `key=value` pairs separated by
+//! **never** echoes any part of any value (a missing `;` can glue the
+//! password onto a neighbouring value, so every value may hold a secret);
+//! `Debug` and `Display` hide the password, and a non-secret value that seems
+//! to carry a `Password=`/`Pwd=` setting is refused rather than stored where
+//! `Debug`, `Display` or tiberius could show it. The grammar follows ADO.NET: `key=value` pairs separated by
 //! `;`, keys case-insensitive, values trimmed, a value may be quoted with
 //! `"` or `'` (the quote doubled inside stands for itself), `==` in a key is a
 //! literal `=`, and the last occurrence of a key wins.
@@ -15,7 +18,8 @@ use std::fmt;
 
 use tiberius::{AuthMethod, EncryptionLevel};
 
-/// What is wrong with a connection string (no values, only names).
+/// What is wrong with a connection string (no values, only names: neither a
+/// value nor an unrecognised keyword is ever part of the message).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("SQL_CONNECTION_STRING: {0}")]
 pub struct ConnStrError(pub String);
@@ -126,6 +130,60 @@ impl fmt::Display for SqlConnInfo {
     }
 }
 
+/// The documented name of a recognised keyword, for messages. Unrecognised
+/// keywords get `None`: they are never shown, since with an unquoted `;` in
+/// a password the "keyword" is a fragment of the password.
+fn keyword_name(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "server" | "data source" | "address" | "addr" | "network address" => "Server",
+        "database" | "initial catalog" | "databasename" => "Initial Catalog",
+        "user id" | "uid" | "user" | "username" => "User ID",
+        "password" | "pwd" => "Password",
+        "authentication" => "Authentication",
+        "encrypt" => "Encrypt",
+        "trustservercertificate" | "trust server certificate" => "TrustServerCertificate",
+        "trustservercertificateca" => "TrustServerCertificateCA",
+        "application name" | "applicationname" | "app" => "Application Name",
+        "applicationintent" | "application intent" => "ApplicationIntent",
+        "integrated security" | "integratedsecurity" | "trusted_connection" => {
+            "Integrated Security"
+        }
+        _ => return None,
+    })
+}
+
+/// "the value of Password" for a recognised keyword, "the value in part N"
+/// otherwise (the keyword itself is not shown, see [`keyword_name`]).
+fn which_value(key: &str, part: usize) -> String {
+    match keyword_name(key) {
+        Some(name) => format!("the value of {name} (part {part})"),
+        None => format!("the value in part {part}"),
+    }
+}
+
+/// Whether a value seems to carry a password setting (`Password=…`,
+/// `Pwd =…`, any case): what a missing `;` before it leaves behind, as in
+/// `Server=srv Pwd=…;`.
+fn holds_password_setting(value: &str) -> bool {
+    let lower = value.to_ascii_lowercase();
+    ["password", "pwd"].iter().any(|word| {
+        lower
+            .match_indices(word)
+            .any(|(at, _)| lower[at + word.len()..].trim_start().starts_with('='))
+    })
+}
+
+/// A non-secret value that is kept (and shown by `Debug`/`Display`): refused
+/// if a password seems glued onto it. The value is not shown.
+fn plain_value(name: &str, value: String) -> Result<String, ConnStrError> {
+    if holds_password_setting(&value) {
+        return Err(bad(format!(
+            "{name}: the value seems to contain a Password/Pwd setting; is a ';' missing before it? (value not shown)"
+        )));
+    }
+    Ok(value)
+}
+
 /// Keys accepted and deliberately ignored: pooling, timeouts and retry are
 /// configured through SQL_POOL_SIZE / SQL_CONNECT_TIMEOUT_SECONDS /
 /// SQL_QUERY_TIMEOUT_SECONDS, the rest has no meaning for this client.
@@ -232,9 +290,10 @@ fn pairs(s: &str) -> Result<Vec<(String, String)>, ConnStrError> {
                 i += 1;
             }
             if !closed {
+                let quote = if quote == '"' { "double" } else { "single" };
                 return Err(bad(format!(
-                    "the value in part {} opens a quote ({quote}) that is never closed",
-                    out.len() + 1
+                    "{} opens a {quote} quote that is never closed (value not shown)",
+                    which_value(&key, out.len() + 1)
                 )));
             }
             while i < n && chars[i].is_whitespace() {
@@ -242,8 +301,8 @@ fn pairs(s: &str) -> Result<Vec<(String, String)>, ConnStrError> {
             }
             if i < n && chars[i] != ';' {
                 return Err(bad(format!(
-                    "unexpected text after the quoted value in part {}; expected ';'",
-                    out.len() + 1
+                    "unexpected text after the closing quote of {}; expected ';' (value not shown)",
+                    which_value(&key, out.len() + 1)
                 )));
             }
         } else {
@@ -284,19 +343,17 @@ fn parse_server(v: &str) -> Result<(String, u16), ConnStrError> {
         Some((h, p)) => {
             let p = p.trim();
             let port = p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                bad(format!(
-                    "Server: the port after ',' must be a number from 1 to 65535, got {p:?}"
-                ))
+                bad("Server: the port after the comma is not a number from 1 to 65535 (value not shown)")
             })?;
             (h.trim(), Some(port))
         }
         None => (v, None),
     };
     let host = match host_part.split_once('\\') {
-        Some((h, _instance)) if port.is_none() => {
-            return Err(bad(format!(
-                "Server: the named instance on {h:?} needs its TCP port (tcp:HOST,PORT); SQL Browser lookups are not supported"
-            )))
+        Some(_) if port.is_none() => {
+            return Err(bad(
+                "Server: a named instance (HOST\\INSTANCE) needs its TCP port (tcp:HOST,PORT); SQL Browser lookups are not supported (value not shown)",
+            ))
         }
         Some((h, _instance)) => h,
         None => host_part,
@@ -304,8 +361,13 @@ fn parse_server(v: &str) -> Result<(String, u16), ConnStrError> {
     let host = match host.trim() {
         "" => return Err(bad("Server has no host name (expected tcp:HOST,PORT)")),
         "." | "(local)" | "(localdb)" => "localhost".to_string(),
-        h if h.contains([' ', '/', '@']) => {
-            return Err(bad(format!("Server: {h:?} is not a host name")))
+        h if h.chars().any(|c| {
+            c.is_whitespace() || c.is_control() || "/@=\"'\\,;?#".contains(c)
+        }) =>
+        {
+            return Err(bad(
+                "Server: the host name contains a space or a character not allowed in host names (value not shown); expected tcp:HOST,PORT",
+            ))
         }
         h => h.to_string(),
     };
@@ -328,13 +390,14 @@ impl SqlConnInfo {
         for (index, (key, value)) in pairs(s)?.into_iter().enumerate() {
             match key.as_str() {
                 "server" | "data source" | "address" | "addr" | "network address" => {
-                    server = Some(value)
+                    server = Some(plain_value("Server", value)?)
                 }
                 "database" | "initial catalog" | "databasename" => {
-                    database = Some(value).filter(|v| !v.is_empty())
+                    database =
+                        Some(plain_value("Initial Catalog", value)?).filter(|v| !v.is_empty())
                 }
                 "user id" | "uid" | "user" | "username" => {
-                    user = Some(value).filter(|v| !v.is_empty())
+                    user = Some(plain_value("User ID", value)?).filter(|v| !v.is_empty())
                 }
                 "password" | "pwd" => password = Some(value),
                 "authentication" => authentication = Some(value),
@@ -354,9 +417,13 @@ impl SqlConnInfo {
                 "trustservercertificate" | "trust server certificate" => {
                     trust = parse_bool("TrustServerCertificate", &value)?
                 }
-                "trustservercertificateca" => trust_ca = Some(value).filter(|v| !v.is_empty()),
+                "trustservercertificateca" => {
+                    trust_ca = Some(plain_value("TrustServerCertificateCA", value)?)
+                        .filter(|v| !v.is_empty())
+                }
                 "application name" | "applicationname" | "app" => {
-                    application_name = Some(value).filter(|v| !v.is_empty())
+                    application_name =
+                        Some(plain_value("Application Name", value)?).filter(|v| !v.is_empty())
                 }
                 "applicationintent" | "application intent" => {
                     read_only = match value.trim().to_ascii_lowercase().as_str() {
