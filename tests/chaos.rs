@@ -282,9 +282,9 @@ fn poison_event(rng: &mut StdRng, kind: usize, run: &str, j: usize) -> (Value, P
             "greater than 0",
         ),
         2 => (
-            with("quantity", number("1e3")),
-            "exponent quantity",
-            "exponent notation",
+            with("quantity", number("1e25")),
+            "exponent quantity out of range",
+            "at most 18 are allowed",
         ),
         3 => {
             let mut e = eg_envelope(&event_id, &order_id, Value::Null);
