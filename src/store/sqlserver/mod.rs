@@ -381,7 +381,19 @@ async fn position_on(
         .await?
         .into_row()
         .await?;
-    row.map(|r| decimal(&r, 0, "Quantity")).transpose()
+    row.map(|r| wide_decimal(&r, 0, "Quantity")).transpose()
+}
+
+/// A `DECIMAL(38,10)` column (positions). Read as tiberius' `Numeric`: its
+/// own conversion to `Decimal` panics past 2^96 at scale 10, so convert
+/// with the checked constructor and say so instead.
+fn wide_decimal(row: &Row, idx: usize, name: &str) -> Result<Decimal, SqlError> {
+    let n = row
+        .try_get::<tiberius::numeric::Numeric, _>(idx)?
+        .ok_or_else(|| conversion(format!("{name} is NULL")))?;
+    Decimal::try_from_i128_with_scale(n.value(), u32::from(n.scale()))
+        .map(|d| d.normalize())
+        .map_err(|e| conversion(format!("{name} {n} does not fit a 96-bit decimal: {e}")))
 }
 
 async fn rejections_on(
