@@ -17,13 +17,14 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use futures::{Stream, StreamExt};
 
+use serde::Serialize;
 use serde_json::error::Category;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use warp::http::StatusCode;
 use warp::{Filter, Rejection, Reply};
 
-use crate::processor::{Processor, TriggerResult};
+use crate::processor::{Outcome, Processor, TriggerResult};
 
 /// The function this handler serves (folder name and request path).
 pub const FUNCTION_NAME: &str = "OrderTrigger";
@@ -46,23 +47,46 @@ impl Refusal {
     }
 }
 
-/// The custom-handler answer (`HttpScriptInvocationResult`).
-fn invoke_response(
+/// The custom-handler answer (`HttpScriptInvocationResult`), serialized
+/// straight from borrowed parts (no intermediate JSON tree).
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct InvokeResponse<R: Serialize> {
+    /// No output bindings: always `{}`.
+    outputs: BTreeMap<(), ()>,
+    logs: Vec<String>,
+    return_value: R,
+}
+
+/// `ReturnValue` of a batch: one outcome per event.
+#[derive(Serialize)]
+struct BatchReturn<'a> {
+    results: &'a [Outcome],
+}
+
+/// `ReturnValue` of a refused request.
+#[derive(Serialize)]
+struct ErrorReturn<'a> {
+    error: &'a str,
+}
+
+fn invoke_response<R: Serialize>(
     status: StatusCode,
     logs: Vec<String>,
-    return_value: Value,
+    return_value: R,
 ) -> warp::reply::Response {
-    let body = json!({ "Outputs": {}, "Logs": logs, "ReturnValue": return_value });
+    let body = InvokeResponse {
+        outputs: BTreeMap::new(),
+        logs,
+        return_value,
+    };
     warp::reply::with_status(warp::reply::json(&body), status).into_response()
 }
 
 fn refusal_response(r: Refusal) -> warp::reply::Response {
     log::warn!("invocation refused ({}): {}", r.status.as_u16(), r.message);
-    invoke_response(
-        r.status,
-        vec![r.message.clone()],
-        json!({ "error": r.message }),
-    )
+    let error = ErrorReturn { error: &r.message };
+    invoke_response(r.status, vec![r.message.clone()], error)
 }
 
 /// All routes: readiness, counters, the function, and JSON for everything else.
@@ -272,12 +296,14 @@ fn answer(result: TriggerResult) -> warp::reply::Response {
             )
         })
         .collect();
-    let return_value = if result.batch {
-        json!({ "results": result.outcomes })
+    if result.batch {
+        let results = BatchReturn {
+            results: &result.outcomes,
+        };
+        invoke_response(status, logs, results)
     } else {
-        serde_json::to_value(&result.outcomes[0]).unwrap_or(Value::Null)
-    };
-    invoke_response(status, logs, return_value)
+        invoke_response(status, logs, &result.outcomes[0])
+    }
 }
 
 /// Bind `addr` and serve until `shutdown` resolves, then drain in-flight

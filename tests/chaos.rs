@@ -1437,7 +1437,12 @@ async fn chaos_every_order_executed_exactly_once() {
         stats.start_failures.load(Ordering::Relaxed),
         elapsed.as_secs_f64(),
     );
-    println!("{summary}");
+    // Straight to stderr: the summary shows in every run, not only with
+    // --nocapture (the test harness captures print! but not this handle).
+    {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{summary}");
+    }
     println!(
         "chaos: answers {:?}; 500s={} connection_errors={} handler_starts={}",
         t.outcomes.lock().unwrap(),

@@ -33,7 +33,15 @@ pub struct Token(String);
 
 impl Token {
     pub fn new() -> Token {
-        Token(uuid::Uuid::new_v4().simple().to_string())
+        // 122 random bits from the thread-local CSPRNG: unique per attempt
+        // without a getrandom system call on every acquire.
+        let bytes: [u8; 16] = rand::random();
+        Token(
+            uuid::Builder::from_random_bytes(bytes)
+                .into_uuid()
+                .simple()
+                .to_string(),
+        )
     }
 
     /// The key's value while this token holds it: `PROCESANDO:<token>`.
