@@ -291,9 +291,14 @@ pub struct Answer {
     pub body: Value,
 }
 
-/// Send a request the way the host does (headers of protocol.md §1.2).
-pub async fn send(method: &str, url: &str, body: Vec<u8>, chunked: bool) -> Answer {
-    let client = hyper::Client::new();
+/// A request the way the host sends it (headers of protocol.md §1.2); a
+/// chunked body is streamed in `chunk`-byte pieces with no Content-Length.
+pub fn host_request(
+    method: &str,
+    url: &str,
+    body: Vec<u8>,
+    chunked: Option<usize>,
+) -> hyper::Request<hyper::Body> {
     let mut req = hyper::Request::builder()
         .method(method)
         .uri(url)
@@ -304,19 +309,26 @@ pub async fn send(method: &str, url: &str, body: Vec<u8>, chunked: bool) -> Answ
         )
         .header("X-Azure-Functions-HostVersion", "4.1037.0.0")
         .header("User-Agent", "Azure-Functions-Host/4.1037.0.0");
-    let body = if chunked {
+    let body = match chunked {
         // A streamed body: no Content-Length, Transfer-Encoding: chunked.
-        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
-            body.chunks(7).map(|c| Ok(c.to_vec())).collect();
-        hyper::Body::wrap_stream(futures::stream::iter(chunks))
-    } else {
-        req = req.header("Content-Length", body.len());
-        hyper::Body::from(body)
+        Some(chunk) => {
+            let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+                body.chunks(chunk).map(|c| Ok(c.to_vec())).collect();
+            hyper::Body::wrap_stream(futures::stream::iter(chunks))
+        }
+        None => {
+            req = req.header("Content-Length", body.len());
+            hyper::Body::from(body)
+        }
     };
-    let resp = client
-        .request(req.body(body).unwrap())
-        .await
-        .expect("request");
+    req.body(body).expect("a valid request")
+}
+
+/// Send a request the way the host does and read the JSON answer.
+pub async fn send(method: &str, url: &str, body: Vec<u8>, chunked: bool) -> Answer {
+    let client = hyper::Client::new();
+    let req = host_request(method, url, body, chunked.then_some(7));
+    let resp = client.request(req).await.expect("request");
     let status = resp.status().as_u16();
     let content_type = resp
         .headers()
@@ -425,25 +437,7 @@ pub async fn try_send(
     chunked: bool,
     timeout: Duration,
 ) -> Result<RawAnswer, String> {
-    let mut req = hyper::Request::builder()
-        .method("POST")
-        .uri(url)
-        .header("Content-Type", "application/json; charset=utf-8")
-        .header(
-            "X-Azure-Functions-InvocationId",
-            uuid::Uuid::new_v4().to_string(),
-        )
-        .header("X-Azure-Functions-HostVersion", "4.1037.0.0")
-        .header("User-Agent", "Azure-Functions-Host/4.1037.0.0");
-    let body = if chunked {
-        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
-            body.chunks(4096).map(|c| Ok(c.to_vec())).collect();
-        hyper::Body::wrap_stream(futures::stream::iter(chunks))
-    } else {
-        req = req.header("Content-Length", body.len());
-        hyper::Body::from(body)
-    };
-    let request = req.body(body).map_err(|e| e.to_string())?;
+    let request = host_request("POST", url, body, chunked.then_some(4096));
     let exchange = async {
         let resp = client.request(request).await.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
