@@ -117,9 +117,7 @@ impl RedisGuard {
             ))),
         }
     }
-}
 
-impl RedisGuard {
     /// An acquire that timed out may still run: a hung Redis (paused, stuck
     /// on a slow command) executes the queued script when it resumes, and
     /// would leave a reservation nobody owns, so every redelivery would be
