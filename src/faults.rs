@@ -16,14 +16,6 @@ pub const BEFORE_COMPLETE: &str = "before_complete";
 /// In guard release, before the compare-and-delete is sent.
 pub const IN_RELEASE: &str = "in_release";
 
-/// Every point, for documentation and for tests that enable them all.
-pub const ALL: [&str; 4] = [
-    AFTER_GUARD_ACQUIRE,
-    AFTER_ACCEPT,
-    BEFORE_COMPLETE,
-    IN_RELEASE,
-];
-
 /// What a triggered point does: `crash` aborts the process, anything else is
 /// an error of the kind the caller maps it to.
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]

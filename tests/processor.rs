@@ -24,6 +24,19 @@ fn redis_settings() -> GuardSettings {
     GuardSettings::default()
 }
 
+/// A processor on a fresh test Redis and a fresh SQLite file (kept by the dir).
+async fn with_redis() -> (
+    Arc<Processor>,
+    Arc<SqliteStore>,
+    RedisServer,
+    tempfile::TempDir,
+) {
+    let server = RedisServer::start();
+    let (store, dir) = common::sqlite_store().await;
+    let guard = common::redis_guard(&server, redis_settings());
+    (common::processor(guard, store.clone()), store, server, dir)
+}
+
 /// 64 concurrent deliveries of one order; redeliver every `in_progress` the
 /// way Event Grid would until it is answered.
 async fn deliver_concurrently(p: &Arc<Processor>, event: &Value, n: usize) -> Vec<OutcomeKind> {
@@ -55,12 +68,7 @@ fn count(outcomes: &[OutcomeKind], kind: OutcomeKind) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_concurrent_deliveries_execute_once_with_redis() {
-    let server = RedisServer::start();
-    let (store, _dir) = common::sqlite_store().await;
-    let p = common::processor(
-        common::redis_guard(&server, redis_settings()),
-        store.clone(),
-    );
+    let (p, store, server, _dir) = with_redis().await;
     let account = unique_id("acct");
     let id = unique_id("ord");
     let event = eg_event(order_data(&id, "buy", "MSFT", "25", &account));
@@ -102,12 +110,7 @@ async fn sixty_four_concurrent_deliveries_execute_once_with_memory_guard() {
 
 #[tokio::test]
 async fn duplicates_after_completion_are_answered_by_the_guard_alone() {
-    let server = RedisServer::start();
-    let (store, dir) = common::sqlite_store().await;
-    let p = common::processor(
-        common::redis_guard(&server, redis_settings()),
-        store.clone(),
-    );
+    let (p, store, _server, dir) = with_redis().await;
     let account = unique_id("acct");
     let id = unique_id("ord");
     let data = order_data(&id, "buy", "MSFT", "10", &account);
@@ -138,12 +141,7 @@ async fn duplicates_after_completion_are_answered_by_the_guard_alone() {
 
 #[tokio::test]
 async fn a_different_order_reusing_an_id_is_a_stored_conflict() {
-    let server = RedisServer::start();
-    let (store, _dir) = common::sqlite_store().await;
-    let p = common::processor(
-        common::redis_guard(&server, redis_settings()),
-        store.clone(),
-    );
+    let (p, store, server, _dir) = with_redis().await;
     let account = unique_id("acct");
     let id = unique_id("ord");
     let first = order_data(&id, "buy", "MSFT", "10", &account);
@@ -207,12 +205,7 @@ async fn poison_events_are_stored_with_their_reason() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_down_still_executes_exactly_once_through_the_unique_index() {
-    let mut server = RedisServer::start();
-    let (store, _dir) = common::sqlite_store().await;
-    let p = common::processor(
-        common::redis_guard(&server, redis_settings()),
-        store.clone(),
-    );
+    let (p, store, mut server, _dir) = with_redis().await;
     server.stop();
     let account = unique_id("acct");
     let event = eg_event(order_data(&unique_id("ord"), "buy", "MSFT", "7", &account));
@@ -248,12 +241,7 @@ async fn redis_down_with_retry_policy_asks_for_redelivery() {
 
 #[tokio::test]
 async fn a_reservation_held_by_another_owner_is_in_progress_and_untouched() {
-    let server = RedisServer::start();
-    let (store, _dir) = common::sqlite_store().await;
-    let p = common::processor(
-        common::redis_guard(&server, redis_settings()),
-        store.clone(),
-    );
+    let (p, store, server, _dir) = with_redis().await;
     let id = unique_id("ord");
     server.cmd(&[
         "SET",
@@ -281,12 +269,7 @@ async fn a_reservation_held_by_another_owner_is_in_progress_and_untouched() {
 
 #[tokio::test]
 async fn a_row_left_received_by_a_crashed_worker_is_resumed_once() {
-    let server = RedisServer::start();
-    let (store, _dir) = common::sqlite_store().await;
-    let p = common::processor(
-        common::redis_guard(&server, redis_settings()),
-        store.clone(),
-    );
+    let (p, store, server, _dir) = with_redis().await;
     let account = unique_id("acct");
     let id = unique_id("ord");
     let data = order_data(&id, "buy", "X", "4", &account);

@@ -16,7 +16,7 @@
 //! order, one at a time, as they did behind the old mutex.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -43,7 +43,6 @@ type Reply = Box<dyn FnOnce(Option<&StoreError>) + Send>;
 
 /// SQLite-backed store.
 pub struct SqliteStore {
-    path: PathBuf,
     jobs: mpsc::Sender<Job>,
 }
 
@@ -68,14 +67,7 @@ impl SqliteStore {
             .name("sqlite-writer".into())
             .spawn(move || writer(conn, queue))
             .map_err(|e| StoreError::Permanent(format!("cannot start the SQLite writer: {e}")))?;
-        Ok(SqliteStore {
-            path: path.to_path_buf(),
-            jobs,
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(SqliteStore { jobs })
     }
 
     /// Run `f` with the connection on the writer thread, atomically (in its

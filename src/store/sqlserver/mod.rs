@@ -48,7 +48,6 @@ pub struct SqlServerStore {
     last_connect_error: Arc<Mutex<Option<String>>>,
     connect_timeout: Duration,
     query_timeout: Duration,
-    description: String,
 }
 
 /// Run `$body` (an expression using `$client: &mut Client`) on a pooled
@@ -135,13 +134,7 @@ impl SqlServerStore {
             last_connect_error,
             connect_timeout: settings.connect_timeout,
             query_timeout: settings.query_timeout,
-            description,
         }
-    }
-
-    /// Where the store points (host, port, database, login kind; no secret).
-    pub fn description(&self) -> &str {
-        &self.description
     }
 
     async fn checkout(
