@@ -465,6 +465,111 @@ pub async fn try_send(
     }
 }
 
+/// Send a POST over a raw TCP connection and read the answer while the body
+/// is still being written, the way curl and the Functions host's HttpClient
+/// read an early answer (a 413 sent before the whole body arrived).
+///
+/// The server may close, and the kernel reset, the connection while the
+/// client is still writing: a failed write is expected then and ignored. What
+/// counts is the answer: a complete response (head, and a body as long as its
+/// `Content-Length`) is returned; no answer, or a cut-off one, is an error.
+pub async fn send_reading_early_answer(
+    addr: SocketAddr,
+    path: &str,
+    body: Vec<u8>,
+    chunked: bool,
+    timeout: Duration,
+) -> Result<RawAnswer, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let (mut reader, mut writer) = stream.into_split();
+    let framing = if chunked {
+        "Transfer-Encoding: chunked".to_string()
+    } else {
+        format!("Content-Length: {}", body.len())
+    };
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json; charset=utf-8\r\n\
+         X-Azure-Functions-InvocationId: {}\r\n{framing}\r\nConnection: close\r\n\r\n",
+        uuid::Uuid::new_v4()
+    );
+    let mut wire = head.into_bytes();
+    if chunked {
+        for chunk in body.chunks(4096) {
+            wire.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+            wire.extend_from_slice(chunk);
+            wire.extend_from_slice(b"\r\n");
+        }
+        wire.extend_from_slice(b"0\r\n\r\n");
+    } else {
+        wire.extend_from_slice(&body);
+    }
+    // The write may fail once the server has answered and closed: expected.
+    let write = tokio::spawn(async move {
+        let _ = writer.write_all(&wire).await;
+        writer
+    });
+    let read = async {
+        let mut received = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) => return (received, None),
+                Ok(n) => {
+                    received.extend_from_slice(&buf[..n]);
+                    if complete_response(&received).is_some() {
+                        return (received, None);
+                    }
+                }
+                Err(e) => return (received, Some(e)),
+            }
+        }
+    };
+    let (received, read_error) = tokio::time::timeout(timeout, read).await.map_err(|_| {
+        format!(
+            "no answer within the harness's function timeout ({} ms)",
+            timeout.as_millis()
+        )
+    })?;
+    write.abort();
+    complete_response(&received).ok_or_else(|| {
+        format!(
+            "no complete answer ({} bytes received{})",
+            received.len(),
+            read_error
+                .map(|e| format!(", then {e}"))
+                .unwrap_or_default()
+        )
+    })
+}
+
+/// The response in `bytes`, if its head and its whole body (by
+/// `Content-Length`) have arrived.
+fn complete_response(bytes: &[u8]) -> Option<RawAnswer> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut response = httparse::Response::new(&mut headers);
+    let httparse::Status::Complete(head_len) = response.parse(bytes).ok()? else {
+        return None;
+    };
+    let header = |name: &str| {
+        response
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| String::from_utf8_lossy(h.value).to_string())
+    };
+    let length: usize = header("content-length")?.trim().parse().ok()?;
+    let body = bytes.get(head_len..head_len + length)?;
+    Some(RawAnswer {
+        status: response.code?,
+        content_type: header("content-type").unwrap_or_default(),
+        bytes: body.to_vec(),
+    })
+}
+
 /// The `order-guard` binary cargo built for this test run.
 pub fn handler_binary() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_order-guard"))
