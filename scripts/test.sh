@@ -3,15 +3,40 @@
 #
 # 1. makes sure redis-server is installed (the Redis tests start their own on a
 #    free loopback port; they fail loudly when it is missing);
-# 2. checks formatting and lints;
-# 3. runs every test target, with the fault points compiled in for the chaos test.
-#
-# SQL Server tests run only when ORDER_GUARD_TEST_MSSQL holds an ADO.NET
-# connection string; the T-SQL is parsed in every run regardless.
+# 2. starts the real T-SQL engine (scripts/tsql-engine.sh) for the SQL Server
+#    tests, unless ORDER_GUARD_TEST_MSSQL already names a server (your own SQL
+#    Server or Azure SQL: see the README). With CI=true the engine is required;
+#    elsewhere its absence is said once and the SQL Server tests do not run
+#    (the T-SQL is still parsed below);
+# 3. checks formatting and lints;
+# 4. runs every test target, with the fault points compiled in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/ensure-redis.sh
+
+started_engine=""
+if [ -z "${ORDER_GUARD_TEST_MSSQL:-}" ]; then
+  if engine=$(scripts/tsql-engine.sh path 2>/dev/null); then
+    echo "==> starting the T-SQL engine ($engine)"
+    # A fresh database per run: no state from an earlier run or schema.
+    ORDER_GUARD_TEST_MSSQL=$(scripts/tsql-engine.sh start "og_test_$(date +%s)_$$")
+    export ORDER_GUARD_TEST_MSSQL
+    export ORDER_GUARD_TSQL_SERVER="$engine"
+    started_engine=1
+    trap 'scripts/tsql-engine.sh stop || true' EXIT
+  elif [ "${CI:-}" = "true" ]; then
+    echo "error: CI runs the SQL Server tests on the T-SQL engine, and none was found: $(scripts/tsql-engine.sh path 2>&1 || true)" >&2
+    exit 1
+  fi
+fi
+if [ -z "${ORDER_GUARD_TEST_MSSQL:-}" ]; then
+  echo "==> NOTE: SQL Server tests NOT RUN: no T-SQL engine found and ORDER_GUARD_TEST_MSSQL is not set (T-SQL is still parsed below)"
+elif [ -n "$started_engine" ]; then
+  echo "==> SQL Server tests will run on the T-SQL engine (Babelfish) on 127.0.0.1:${TSQL_SERVER_PORT:-1433}"
+else
+  echo "==> SQL Server tests will run against ORDER_GUARD_TEST_MSSQL"
+fi
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
@@ -19,12 +44,6 @@ cargo fmt --all -- --check
 echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets --features failpoints -- -D warnings
-
-if [ -z "${ORDER_GUARD_TEST_MSSQL:-}" ]; then
-  echo "==> NOTE: SQL Server conformance suite NOT RUN: set ORDER_GUARD_TEST_MSSQL to an ADO.NET connection string to run it (T-SQL is still parsed below)"
-else
-  echo "==> SQL Server conformance suite will run against ORDER_GUARD_TEST_MSSQL"
-fi
 
 echo "==> cargo test --all-targets --features failpoints"
 cargo test --all-targets --features failpoints "$@"

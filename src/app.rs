@@ -19,10 +19,12 @@ use crate::store::{OrderStore, SqlServerStore, SqliteStore};
 /// Log to **stdout**: the Functions host turns every stderr line into an
 /// Error log. `RUST_LOG` sets the filter (default `info`).
 pub fn init_logging() {
-    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .target(env_logger::Target::Stdout)
-        .format_timestamp_millis()
-        .try_init();
+    let _ = env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("info,tiberius=warn"),
+    )
+    .target(env_logger::Target::Stdout)
+    .format_timestamp_millis()
+    .try_init();
 }
 
 /// The guard the configuration asks for.
@@ -39,10 +41,13 @@ pub fn build_guard(config: &Config) -> anyhow::Result<Arc<dyn IdempotencyGuard>>
 /// The store the configuration asks for (not migrated).
 pub async fn build_store(config: &Config) -> anyhow::Result<Arc<dyn OrderStore>> {
     Ok(match &config.store {
-        StoreConfig::Sqlite { path } => Arc::new(SqliteStore::open(path, config.sql.busy_timeout)?),
-        StoreConfig::SqlServer { connection_string } => {
-            Arc::new(SqlServerStore::connect(connection_string, &config.sql)?)
+        StoreConfig::Sqlite { path } => {
+            Arc::new(SqliteStore::open(path, config.sqlite_busy_timeout)?)
         }
+        StoreConfig::SqlServer { connection_string } => Arc::new(SqlServerStore::connect(
+            connection_string,
+            &config.sqlserver,
+        )?),
     })
 }
 
@@ -301,6 +306,11 @@ pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<String> {
     use std::fmt::Write;
     let guard = build_guard(config)?;
     let store = build_store(config).await?;
+    // The store answers nothing before its schema is verified (idempotent).
+    store
+        .migrate()
+        .await
+        .with_context(|| format!("checking the {} schema", store.name()))?;
     let mut out = String::new();
     let key = config.guard_settings.key(order_id);
     match (&config.guard, guard.inspect(order_id).await) {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::guard::GuardSettings;
 use crate::processor::{GuardPolicy, ProcessorSettings};
+use crate::store::sqlserver::SqlServerSettings;
 
 /// Default SQLite file when `SQL_CONNECTION_STRING` is empty.
 pub const DEFAULT_SQLITE_PATH: &str = "./order-guard.db";
@@ -45,16 +46,6 @@ pub enum StoreConfig {
     SqlServer { connection_string: String },
 }
 
-/// SQL Server timeouts and pool size.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqlSettings {
-    pub connect_timeout: Duration,
-    pub query_timeout: Duration,
-    pub pool_size: u32,
-    /// SQLite: how long a write waits for another process's lock.
-    pub busy_timeout: Duration,
-}
-
 /// Everything the binary needs.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -64,7 +55,9 @@ pub struct Config {
     pub guard_settings: GuardSettings,
     pub redis_timeout: Duration,
     pub store: StoreConfig,
-    pub sql: SqlSettings,
+    pub sqlserver: SqlServerSettings,
+    /// SQLite: how long a write waits for another process's lock.
+    pub sqlite_busy_timeout: Duration,
     pub processor: ProcessorSettings,
     /// How long SIGTERM waits for in-flight invocations.
     pub shutdown_grace: Duration,
@@ -174,7 +167,7 @@ impl Config {
             },
             redis_timeout: Duration::from_millis(redis_timeout),
             store,
-            sql: SqlSettings {
+            sqlserver: SqlServerSettings {
                 connect_timeout: Duration::from_secs(num(
                     "SQL_CONNECT_TIMEOUT_SECONDS",
                     10,
@@ -183,13 +176,13 @@ impl Config {
                 )?),
                 query_timeout: Duration::from_secs(num("SQL_QUERY_TIMEOUT_SECONDS", 8, 1, 25)?),
                 pool_size: num("SQL_POOL_SIZE", 10, 1, 200)? as u32,
-                busy_timeout: Duration::from_millis(num(
-                    "SQLITE_BUSY_TIMEOUT_MS",
-                    5_000,
-                    0,
-                    20_000,
-                )?),
             },
+            sqlite_busy_timeout: Duration::from_millis(num(
+                "SQLITE_BUSY_TIMEOUT_MS",
+                5_000,
+                0,
+                20_000,
+            )?),
             processor: ProcessorSettings {
                 on_guard_unavailable,
                 deadline: Duration::from_millis(deadline),

@@ -15,6 +15,9 @@ pub const AFTER_ACCEPT: &str = "after_accept";
 pub const BEFORE_COMPLETE: &str = "before_complete";
 /// In guard release, before the compare-and-delete is sent.
 pub const IN_RELEASE: &str = "in_release";
+/// The COMMIT of the SQL Server store's `execute` transaction: `fail`,
+/// `skip`, `cut` or `crash` (see `store::sqlserver`).
+pub const SQLSERVER_COMMIT: &str = "sqlserver_commit";
 
 /// What a triggered point does: `crash` aborts the process, anything else is
 /// an error of the kind the caller maps it to.

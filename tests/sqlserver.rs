@@ -13,13 +13,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use order_guard::config::SqlSettings;
 use order_guard::order::Order;
 use order_guard::store::sqlserver::aad::ManagedIdentity;
 use order_guard::store::sqlserver::classify;
 use order_guard::store::sqlserver::connstr::{Auth, Encrypt, SqlConnInfo};
 use order_guard::store::sqlserver::pool::{open_following_redirect, SqlConnectionManager};
 use order_guard::store::sqlserver::sql;
+use order_guard::store::sqlserver::SqlServerSettings;
 use order_guard::store::{OrderStore, SqlServerStore, StoreError};
 use serde_json::json;
 use sqlparser::dialect::MsSqlDialect;
@@ -29,12 +29,20 @@ use tokio::net::{TcpListener, TcpStream};
 
 // ---------------------------------------------------------------- T-SQL
 
+/// A batch parses as exactly the statements it separates with `;` (most are
+/// one statement; a few end a transaction and read `@@TRANCOUNT` in one
+/// round trip).
 fn parse_one(what: &str, statement: &str) {
+    let declared = statement.trim_end_matches(';').matches(';').count() + 1;
+    parse_as(what, statement, declared);
+}
+
+fn parse_as(what: &str, statement: &str, declared: usize) {
     match Parser::parse_sql(&MsSqlDialect {}, statement) {
         Ok(parsed) => assert_eq!(
             parsed.len(),
-            1,
-            "{what} must be exactly one statement, parsed {}: {statement}",
+            declared,
+            "{what} must be exactly {declared} statement(s), parsed {}: {statement}",
             parsed.len()
         ),
         Err(e) => panic!("{what} does not parse as T-SQL ({e}):\n{statement}"),
@@ -56,7 +64,7 @@ fn every_schema_batch_parses_as_tsql() {
     // indexes, the version row: a GO lost or added shows here.
     assert_eq!(batches.len(), 8, "{batches:#?}");
     for (i, batch) in batches.iter().enumerate() {
-        parse_one(&format!("schema batch {i}"), batch);
+        parse_as(&format!("schema batch {i}"), batch, 1);
     }
     let schema = sql::SCHEMA.to_ascii_uppercase();
     for table in ["ORDERS", "POSITIONS", "REJECTEDEVENTS", "SCHEMAVERSION"] {
@@ -144,9 +152,6 @@ enum LoginAnswer {
 struct FakeTds {
     port: u16,
     logins: Arc<Mutex<Vec<Vec<u8>>>>,
-    /// Connections opened before the current generation are cut at their
-    /// next request, as a server restart or a network cut would.
-    generation: Arc<AtomicUsize>,
 }
 
 async fn read_message(s: &mut TcpStream) -> Option<Vec<u8>> {
@@ -229,13 +234,10 @@ impl FakeTds {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let logins = Arc::new(Mutex::new(Vec::new()));
-        let generation = Arc::new(AtomicUsize::new(0));
-        let (kept, current) = (Arc::clone(&logins), Arc::clone(&generation));
+        let kept = Arc::clone(&logins);
         tokio::spawn(async move {
             while let Ok((mut s, _)) = listener.accept().await {
                 let (answer, kept) = (answer.clone(), Arc::clone(&kept));
-                let current = Arc::clone(&current);
-                let born = current.load(Ordering::SeqCst);
                 tokio::spawn(async move {
                     if read_message(&mut s).await.is_none() {
                         return;
@@ -252,9 +254,6 @@ impl FakeTds {
                     // Logged in: answer every later request with a bare DONE,
                     // until the client goes away.
                     while read_message(&mut s).await.is_some() {
-                        if current.load(Ordering::SeqCst) != born {
-                            return; // cut: the socket closes without an answer
-                        }
                         if s.write_all(&packet(&done(0))).await.is_err() {
                             return;
                         }
@@ -262,11 +261,7 @@ impl FakeTds {
                 });
             }
         });
-        FakeTds {
-            port,
-            logins,
-            generation,
-        }
+        FakeTds { port, logins }
     }
 
     fn config(&self) -> tiberius::Config {
@@ -385,12 +380,11 @@ fn dropped_connections_and_timeouts_are_transient() {
     ));
 }
 
-fn settings(connect_secs: u64) -> SqlSettings {
-    SqlSettings {
+fn settings(connect_secs: u64) -> SqlServerSettings {
+    SqlServerSettings {
         connect_timeout: Duration::from_secs(connect_secs),
         query_timeout: Duration::from_secs(2),
         pool_size: 2,
-        busy_timeout: Duration::from_secs(1),
     }
 }
 
@@ -412,7 +406,7 @@ async fn an_unreachable_server_is_a_transient_failure_within_the_connect_timeout
     let cs = format!("Server=tcp:127.0.0.1,{port};Database=d;User ID=u;Password=Hunter2!x;Encrypt=DANGER_PLAINTEXT");
     let store = SqlServerStore::connect(&cs, &settings(1)).unwrap();
     let started = std::time::Instant::now();
-    let e = store.accept(&order(), "e1").await.unwrap_err();
+    let e = store.migrate().await.unwrap_err();
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -443,24 +437,32 @@ async fn a_refused_login_explains_the_pool_timeout() {
 }
 
 #[tokio::test]
-async fn the_pool_replaces_connections_that_were_cut() {
+async fn nothing_is_read_or_written_before_the_schema_is_verified() {
+    // The fake accepts logins but is no database: `migrate` cannot succeed,
+    // so every other call must refuse (retry) without sending anything.
     let fake = FakeTds::start(LoginAnswer::Accept).await;
     let cs = format!(
         "Server=tcp:127.0.0.1,{};Database=d;User ID=u;Password=pw;Encrypt=DANGER_PLAINTEXT",
         fake.port
     );
     let store = SqlServerStore::connect(&cs, &settings(2)).unwrap();
-    assert_eq!(store.position("a-1", "MSFT").await.unwrap(), None);
-    assert_eq!(fake.login_count(), 1, "one connection, reused");
-    assert_eq!(store.position("a-1", "MSFT").await.unwrap(), None);
-    assert_eq!(fake.login_count(), 1);
-    // Every open connection is cut: the next call still succeeds, on a new one.
-    fake.generation.fetch_add(1, Ordering::SeqCst);
-    assert_eq!(store.position("a-1", "MSFT").await.unwrap(), None);
+    let e = store.migrate().await.unwrap_err();
+    assert!(e.to_string().contains("migrate"), "{e}");
+    let logins = fake.login_count();
+    for e in [
+        store.accept(&order(), "e1").await.unwrap_err(),
+        store.execute(&order()).await.unwrap_err(),
+        store.order("o-1").await.unwrap_err(),
+    ] {
+        match e {
+            StoreError::Transient(m) => assert!(m.contains("schema is not verified"), "{m}"),
+            other => panic!("want a transient refusal, got {other:?}"),
+        }
+    }
     assert_eq!(
         fake.login_count(),
-        2,
-        "a new login replaced the cut connection"
+        logins,
+        "no connection used for a refused call"
     );
 }
 
@@ -524,9 +526,11 @@ fn server_forms_prefixes_ports_and_defaults() {
     assert_eq!((c.host.as_str(), c.port), ("host", 1500));
     assert_eq!(
         c.encrypt,
-        Encrypt::Off,
-        "absent Encrypt behaves as tiberius does"
+        Encrypt::Required,
+        "absent Encrypt means encrypted, as in Microsoft.Data.SqlClient since v4"
     );
+    let c = parse("Server=h;Encrypt=False");
+    assert_eq!(c.encrypt, Encrypt::Off, "unencrypted only when said");
     let c = parse("Server=h;Encrypt=yes;TrustServerCertificate=true;ApplicationIntent=ReadOnly;Application Name=og");
     assert_eq!(c.encrypt, Encrypt::Required);
     assert!(c.trust_server_certificate && c.read_only);

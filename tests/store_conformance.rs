@@ -231,11 +231,10 @@ async fn sqlserver_store() -> Option<(Arc<dyn OrderStore>, ())> {
             return None;
         }
     };
-    let settings = order_guard::config::SqlSettings {
+    let settings = order_guard::store::sqlserver::SqlServerSettings {
         connect_timeout: std::time::Duration::from_secs(10),
         query_timeout: std::time::Duration::from_secs(20),
         pool_size: 20,
-        busy_timeout: std::time::Duration::from_secs(5),
     };
     let store = order_guard::store::SqlServerStore::connect(&cs, &settings)
         .expect("ORDER_GUARD_TEST_MSSQL is not a usable connection string");

@@ -12,6 +12,16 @@
 -- position, the sum of many orders, which DECIMAL(28,10) would overflow
 -- (error 8115) past 10^18.
 -- Column names match the SQLite schema (sql/sqlite/schema.sql).
+--
+-- Identity is exact, as in SQLite and Redis: ids, accounts, symbols and
+-- hashes are COLLATE Latin1_General_100_BIN2 (binary: case- and
+-- accent-sensitive), so `ORD-1` and `ord-1` are two orders and two accounts
+-- never share a position by letter case, whatever the database's default
+-- collation (Azure SQL's is case-insensitive).
+--
+-- Index checks match the name with LIKE: compatible engines (Babelfish)
+-- report an index under an internal name that starts with the given one.
+-- The `[_]` keeps `_` literal; the trailing `%` takes the engine's suffix.
 
 IF OBJECT_ID(N'dbo.SchemaVersion', N'U') IS NULL
     CREATE TABLE dbo.SchemaVersion (
@@ -24,12 +34,12 @@ GO
 IF OBJECT_ID(N'dbo.Orders', N'U') IS NULL
     CREATE TABLE dbo.Orders (
         Id          BIGINT IDENTITY(1, 1) NOT NULL,
-        OrderId     NVARCHAR(128)  NOT NULL,
-        Fingerprint NVARCHAR(128)  NOT NULL,
+        OrderId     NVARCHAR(128)  COLLATE Latin1_General_100_BIN2 NOT NULL,
+        Fingerprint NVARCHAR(128)  COLLATE Latin1_General_100_BIN2 NOT NULL,
         EventId     NVARCHAR(MAX)  NULL,
-        AccountId   NVARCHAR(128)  NOT NULL,
+        AccountId   NVARCHAR(128)  COLLATE Latin1_General_100_BIN2 NOT NULL,
         Side        NVARCHAR(8)    NOT NULL,
-        Symbol      NVARCHAR(128)  NOT NULL,
+        Symbol      NVARCHAR(128)  COLLATE Latin1_General_100_BIN2 NOT NULL,
         Quantity    DECIMAL(28, 10) NOT NULL,
         LimitPrice  DECIMAL(28, 10) NULL,
         Currency    NVARCHAR(16)   NULL,
@@ -47,14 +57,14 @@ GO
 -- The last line of defence: a duplicate that got past the guard fails here
 -- with error 2601 (2627 on some compatible engines).
 IF NOT EXISTS (SELECT 1 FROM sys.indexes
-                WHERE name = N'UX_Orders_OrderId' AND object_id = OBJECT_ID(N'dbo.Orders'))
+                WHERE name LIKE N'UX[_]Orders[_]OrderId%' AND object_id = OBJECT_ID(N'dbo.Orders'))
     CREATE UNIQUE INDEX UX_Orders_OrderId ON dbo.Orders (OrderId);
 GO
 
 IF OBJECT_ID(N'dbo.Positions', N'U') IS NULL
     CREATE TABLE dbo.Positions (
-        AccountId NVARCHAR(128)   NOT NULL,
-        Symbol    NVARCHAR(128)   NOT NULL,
+        AccountId NVARCHAR(128)   COLLATE Latin1_General_100_BIN2 NOT NULL,
+        Symbol    NVARCHAR(128)   COLLATE Latin1_General_100_BIN2 NOT NULL,
         Quantity  DECIMAL(38, 10) NOT NULL,
         UpdatedAt DATETIME2(3)    NOT NULL,
         CONSTRAINT PK_Positions PRIMARY KEY (AccountId, Symbol)
@@ -64,13 +74,13 @@ GO
 IF OBJECT_ID(N'dbo.RejectedEvents', N'U') IS NULL
     CREATE TABLE dbo.RejectedEvents (
         Id                  BIGINT IDENTITY(1, 1) NOT NULL,
-        EventHash           NVARCHAR(64)  NOT NULL,
+        EventHash           NVARCHAR(64)  COLLATE Latin1_General_100_BIN2 NOT NULL,
         Kind                NVARCHAR(16)  NOT NULL,
-        OrderId             NVARCHAR(128) NULL,
+        OrderId             NVARCHAR(128) COLLATE Latin1_General_100_BIN2 NULL,
         EventId             NVARCHAR(MAX) NULL,
         Reason              NVARCHAR(MAX) NOT NULL,
-        Fingerprint         NVARCHAR(128) NULL,
-        ExistingFingerprint NVARCHAR(128) NULL,
+        Fingerprint         NVARCHAR(128) COLLATE Latin1_General_100_BIN2 NULL,
+        ExistingFingerprint NVARCHAR(128) COLLATE Latin1_General_100_BIN2 NULL,
         RawEvent            NVARCHAR(MAX) NOT NULL,
         Deliveries          BIGINT        NOT NULL CONSTRAINT DF_RejectedEvents_Deliveries DEFAULT 1,
         FirstSeenAt         DATETIME2(3)  NOT NULL,
@@ -82,12 +92,12 @@ GO
 
 -- A redelivered rejected event is counted (Deliveries), not stored again.
 IF NOT EXISTS (SELECT 1 FROM sys.indexes
-                WHERE name = N'UX_RejectedEvents_EventHash' AND object_id = OBJECT_ID(N'dbo.RejectedEvents'))
+                WHERE name LIKE N'UX[_]RejectedEvents[_]EventHash%' AND object_id = OBJECT_ID(N'dbo.RejectedEvents'))
     CREATE UNIQUE INDEX UX_RejectedEvents_EventHash ON dbo.RejectedEvents (EventHash);
 GO
 
 IF NOT EXISTS (SELECT 1 FROM sys.indexes
-                WHERE name = N'IX_RejectedEvents_OrderId' AND object_id = OBJECT_ID(N'dbo.RejectedEvents'))
+                WHERE name LIKE N'IX[_]RejectedEvents[_]OrderId%' AND object_id = OBJECT_ID(N'dbo.RejectedEvents'))
     CREATE INDEX IX_RejectedEvents_OrderId ON dbo.RejectedEvents (OrderId);
 GO
 

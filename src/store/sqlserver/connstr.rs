@@ -66,10 +66,11 @@ impl fmt::Debug for Auth {
 /// TLS as the string asks for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encrypt {
-    /// `Encrypt=True|Yes|Mandatory`: the whole connection is encrypted.
+    /// `Encrypt=True|Yes|Mandatory`, or absent (secure by default, as in
+    /// Microsoft.Data.SqlClient since v4): the whole connection is encrypted.
     Required,
-    /// `Encrypt=False|No|Optional`, or absent (as tiberius does): at least
-    /// the login is encrypted; everything is if the server insists (Azure).
+    /// `Encrypt=False|No|Optional`, said explicitly: at least the login is
+    /// encrypted; everything is if the server insists (Azure).
     Off,
     /// `Encrypt=DANGER_PLAINTEXT`: no TLS at all, for test servers without it.
     Plaintext,
@@ -382,7 +383,7 @@ impl SqlConnInfo {
         let mut user = None;
         let mut password = None;
         let mut authentication = None;
-        let mut encrypt = Encrypt::Off;
+        let mut encrypt = Encrypt::Required;
         let mut trust = false;
         let mut trust_ca = None;
         let mut application_name = None;

@@ -19,6 +19,7 @@ pub mod pool;
 pub mod sql;
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,7 +32,8 @@ use self::aad::ManagedIdentity;
 use self::connstr::{Auth, SqlConnInfo};
 use self::pool::{Client, SqlConnectionManager};
 use super::{Admission, Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, StoreError};
-use crate::config::SqlSettings;
+#[cfg(feature = "failpoints")]
+use crate::faults;
 use crate::order::{Order, OrderStatus};
 
 /// Pooled connections are replaced after this long, so a failover or a
@@ -42,9 +44,26 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// Pause before the one retry on a dropped connection.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
+/// SQL Server timeouts and pool size (built from the environment by `config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlServerSettings {
+    /// TCP connect plus login, per connection (SQL_CONNECT_TIMEOUT_SECONDS).
+    pub connect_timeout: Duration,
+    /// One store call, all its statements (SQL_QUERY_TIMEOUT_SECONDS).
+    pub query_timeout: Duration,
+    /// Most connections open at once (SQL_POOL_SIZE).
+    pub pool_size: u32,
+}
+
 /// SQL Server-backed store.
+///
+/// Nothing is read or written before [`OrderStore::migrate`] has succeeded
+/// once in this process: until then every call answers a transient error
+/// (`retry`), so no order is executed or stored against a schema that was
+/// never verified, whatever command (`serve`, `replay`, `status`) runs.
 pub struct SqlServerStore {
     pool: bb8::Pool<SqlConnectionManager>,
+    schema_verified: AtomicBool,
     last_connect_error: Arc<Mutex<Option<String>>>,
     connect_timeout: Duration,
     query_timeout: Duration,
@@ -52,8 +71,10 @@ pub struct SqlServerStore {
 
 /// Run `$body` (an expression using `$client: &mut Client`) on a pooled
 /// connection within `$timeout`, retrying once on a fresh connection when
-/// the first one was dead. A connection whose request did not complete is
-/// never returned to the pool.
+/// the first one was dead. A connection goes back to the pool only after a
+/// request that finished without any error: one that timed out, was
+/// cancelled or failed (inside a transaction or not) is discarded, and
+/// closing it makes the server roll back whatever it had open.
 macro_rules! with_client {
     ($self:ident, $what:expr, $timeout:expr, |$client:ident| $body:expr) => {{
         let what: &str = $what;
@@ -70,6 +91,7 @@ macro_rules! with_client {
                 Err(_) => break Err(classify::query_timeout(what, $timeout)),
                 Ok(Ok(value)) => {
                     conn.broken = false;
+                    conn.last_used = std::time::Instant::now();
                     break Ok(value);
                 }
                 Ok(Err(e)) if classify::is_connection_lost(&e) && attempt == 1 => {
@@ -77,10 +99,7 @@ macro_rules! with_client {
                     drop(conn);
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
-                Ok(Err(e)) => {
-                    conn.broken = classify::is_connection_lost(&e);
-                    break Err(classify::classify(what, &e));
-                }
+                Ok(Err(e)) => break Err(classify::classify(what, &e)),
             }
         }
     }};
@@ -90,7 +109,10 @@ impl SqlServerStore {
     /// Parse the connection string (failing at once, naming the problem and
     /// never the password) and set up the pool. No connection is opened yet:
     /// the first call (normally `migrate`) opens one.
-    pub fn connect(connection_string: &str, settings: &SqlSettings) -> Result<Self, StoreError> {
+    pub fn connect(
+        connection_string: &str,
+        settings: &SqlServerSettings,
+    ) -> Result<Self, StoreError> {
         let info = SqlConnInfo::parse(connection_string)
             .map_err(|e| StoreError::Permanent(e.to_string()))?;
         let identity = match &info.auth {
@@ -111,7 +133,7 @@ impl SqlServerStore {
     /// managed identity with a local endpoint).
     pub fn with_manager(
         manager: SqlConnectionManager,
-        settings: &SqlSettings,
+        settings: &SqlServerSettings,
         description: String,
     ) -> Self {
         let last_connect_error = manager.last_error();
@@ -131,9 +153,22 @@ impl SqlServerStore {
         );
         SqlServerStore {
             pool,
+            schema_verified: AtomicBool::new(false),
             last_connect_error,
             connect_timeout: settings.connect_timeout,
             query_timeout: settings.query_timeout,
+        }
+    }
+
+    /// The schema gate: `Err(retry)` until `migrate` has succeeded.
+    fn schema_gate(&self, what: &str) -> Result<(), StoreError> {
+        if self.schema_verified.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(StoreError::Transient(format!(
+                "{what}: the SQL Server schema is not verified yet (`migrate` has not \
+                 succeeded; see the log); nothing is read or written until it is"
+            )))
         }
     }
 
@@ -191,9 +226,23 @@ async fn run(client: &mut Client, statement: &str) -> Result<(), SqlError> {
     Ok(())
 }
 
-async fn rollback(client: &mut Client) {
-    if let Err(e) = run(client, sql::ROLLBACK).await {
-        log::warn!("rollback failed ({e}); the server rolls back when the connection closes");
+/// Run a batch that ends a transaction and reports `@@TRANCOUNT`
+/// ([`sql::COMMIT_AND_COUNT`], [`sql::ROLLBACK_AND_COUNT`]); an error unless
+/// no transaction is left open, so the caller discards the connection.
+async fn end_transaction(client: &mut Client, batch: &str) -> Result<(), SqlError> {
+    let open = client
+        .simple_query(batch)
+        .await?
+        .into_results()
+        .await?
+        .last()
+        .and_then(|rows| rows.first())
+        .and_then(|row| row.get::<i32, _>(0));
+    match open {
+        Some(0) => Ok(()),
+        other => Err(SqlError::Protocol(
+            format!("a transaction is still open after ending it (@@TRANCOUNT {other:?})").into(),
+        )),
     }
 }
 
@@ -233,9 +282,9 @@ async fn accept_on(client: &mut Client, o: &Order, event_id: &str) -> Result<Adm
                 &o.side.as_str(),
                 &o.symbol.as_str(),
                 &o.quantity,
-                &o.limit_price,
-                &o.currency.as_deref(),
-                &o.placed_at.as_deref(),
+                &o.limit_price.unwrap_or(Decimal::ZERO),
+                &o.currency.as_deref().unwrap_or(""),
+                &o.placed_at.as_deref().unwrap_or(""),
             ],
         )
         .await;
@@ -265,75 +314,90 @@ async fn accept_on(client: &mut Client, o: &Order, event_id: &str) -> Result<Adm
     Ok(Admission::Resumed)
 }
 
-/// The body of `execute`'s transaction; the caller begins and ends it.
-async fn execute_in_tx(client: &mut Client, o: &Order) -> Result<Execution, SqlError> {
+/// `execute`: the position row is made to exist first, outside the
+/// transaction (a racing first trade's unique violation only means it
+/// exists); the transaction is then just the forward-only `UPDATE` of the
+/// order and, only when that changed one row, the `UPDATE` of the position,
+/// ended by a COMMIT that must leave no transaction open. Any error inside
+/// the transaction returns at once: the connection is discarded (closing it
+/// rolls the transaction back) and no further statement is sent on it.
+async fn execute_on(client: &mut Client, o: &Order) -> Result<Execution, SqlError> {
+    let (account, symbol) = (o.account_id.as_str(), o.symbol.as_str());
+    match client
+        .execute(sql::ENSURE_POSITION, &[&account, &symbol])
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if classify::is_unique_violation(&e) => {}
+        Err(e) => return Err(e),
+    }
+    run(client, sql::BEGIN).await?;
     let changed = client
         .execute(sql::MARK_EXECUTED, &[&o.order_id.as_str()])
         .await?
         .total();
     if changed != 1 {
-        return Ok(Execution::AlreadyDone);
+        end_transaction(client, sql::ROLLBACK_AND_COUNT).await?;
+        // Not `Received` any more: done by another worker, unless the row is
+        // not there at all (never a duplicate then: the caller retries).
+        return match read_order(client, &o.order_id).await? {
+            Some(row) if row.status.is_terminal() => Ok(Execution::AlreadyDone),
+            Some(row) => Err(conversion(format!(
+                "order {}: the update to Executed changed {changed} rows but the order is {}",
+                o.order_id,
+                row.status.as_str()
+            ))),
+            None => Err(conversion(format!(
+                "order {}: no row to execute (was it accepted?)",
+                o.order_id
+            ))),
+        };
     }
     let delta = o.side.signed(o.quantity);
-    let (account, symbol) = (o.account_id.as_str(), o.symbol.as_str());
-    for attempt in 0..2 {
-        let updated = client
-            .execute(sql::ADD_TO_POSITION, &[&account, &symbol, &delta])
-            .await?
-            .total();
-        if updated == 1 {
-            return Ok(Execution::Executed);
-        }
-        match client
-            .execute(sql::INSERT_POSITION, &[&account, &symbol, &delta])
-            .await
-        {
-            Ok(_) => return Ok(Execution::Executed),
-            // Another transaction created the row first: add to it instead.
-            Err(e) if classify::is_unique_violation(&e) && attempt == 0 => continue,
-            Err(e) => return Err(e),
-        }
+    let updated = client
+        .execute(sql::ADD_TO_POSITION, &[&account, &symbol, &delta])
+        .await?
+        .total();
+    if updated != 1 {
+        return Err(conversion(format!(
+            "position {account}/{symbol}: the update changed {updated} rows, want 1"
+        )));
     }
-    Err(conversion(format!(
-        "position {account}/{symbol}: neither update nor insert took effect"
-    )))
+    end_transaction(client, commit_batch()?).await?;
+    Ok(Execution::Executed)
 }
 
-async fn execute_on(client: &mut Client, o: &Order) -> Result<Execution, SqlError> {
-    run(client, sql::BEGIN).await?;
-    match execute_in_tx(client, o).await {
-        Ok(Execution::Executed) => {
-            run(client, sql::COMMIT).await?;
-            Ok(Execution::Executed)
-        }
-        Ok(Execution::AlreadyDone) => {
-            rollback(client).await;
-            Ok(Execution::AlreadyDone)
-        }
-        Err(e) => {
-            rollback(client).await;
-            Err(e)
-        }
+/// The batch that ends `execute`'s transaction: [`sql::COMMIT_AND_COUNT`].
+/// With the `sqlserver_commit` fault point armed (tests only): `fail` sends
+/// a statement the server fails in its place (the transaction is aborted);
+/// `skip` sends no COMMIT, only the count, so nothing but the
+/// open-transaction check stands between the caller and a false `executed`;
+/// `cut` reports the connection lost; `crash` aborts the process.
+fn commit_batch() -> Result<&'static str, SqlError> {
+    #[cfg(feature = "failpoints")]
+    if let Some(batch) = fail::eval(faults::SQLSERVER_COMMIT, |arg| match arg.as_deref() {
+        Some("fail") => Ok(sql::FAULT_FAILING_COMMIT),
+        Some("skip") => Ok(sql::OPEN_TRANSACTIONS),
+        Some("cut") => Err(SqlError::Io {
+            kind: std::io::ErrorKind::ConnectionReset,
+            message: "fault injected at sqlserver_commit: connection cut".into(),
+        }),
+        _ => Err(SqlError::Protocol(
+            faults::crash_or_error(faults::SQLSERVER_COMMIT, arg).into(),
+        )),
+    }) {
+        return batch;
     }
+    Ok(sql::COMMIT_AND_COUNT)
 }
 
 async fn migrate_on(client: &mut Client) -> Result<(), SqlError> {
     run(client, sql::BEGIN).await?;
-    let applied = async {
-        run(client, sql::LOCK_SCHEMA).await?;
-        for batch in sql::schema_batches() {
-            run(client, batch).await?;
-        }
-        Ok::<_, SqlError>(())
+    run(client, sql::LOCK_SCHEMA).await?;
+    for batch in sql::schema_batches() {
+        run(client, batch).await?;
     }
-    .await;
-    match applied {
-        Ok(()) => run(client, sql::COMMIT).await,
-        Err(e) => {
-            rollback(client).await;
-            Err(e)
-        }
-    }
+    end_transaction(client, sql::COMMIT_AND_COUNT).await
 }
 
 async fn reject_on(client: &mut Client, r: &Rejection, hash: &str) -> Result<(), SqlError> {
@@ -343,11 +407,11 @@ async fn reject_on(client: &mut Client, r: &Rejection, hash: &str) -> Result<(),
             &[
                 &hash,
                 &r.kind.as_str(),
-                &r.order_id.as_deref(),
-                &r.event_id.as_deref(),
+                &r.order_id.as_deref().unwrap_or(""),
+                &r.event_id.as_deref().unwrap_or(""),
                 &r.reason.as_str(),
-                &r.fingerprint.as_deref(),
-                &r.existing_fingerprint.as_deref(),
+                &r.fingerprint.as_deref().unwrap_or(""),
+                &r.existing_fingerprint.as_deref().unwrap_or(""),
                 &r.raw_event.as_str(),
             ],
         )
@@ -433,16 +497,20 @@ impl OrderStore for SqlServerStore {
     async fn migrate(&self) -> Result<(), StoreError> {
         // Waiting for another process's migration counts against the bound.
         let bound = self.query_timeout * 3;
-        with_client!(self, "migrate", bound, |client| migrate_on(client))
+        with_client!(self, "migrate", bound, |client| migrate_on(client))?;
+        self.schema_verified.store(true, Ordering::Release);
+        Ok(())
     }
 
     async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError> {
+        self.schema_gate("accept")?;
         with_client!(self, "accept", self.query_timeout, |client| accept_on(
             client, order, event_id
         ))
     }
 
     async fn execute(&self, order: &Order) -> Result<Execution, StoreError> {
+        self.schema_gate("execute")?;
         with_client!(self, "execute", self.query_timeout, |client| execute_on(
             client, order
         ))
@@ -450,12 +518,14 @@ impl OrderStore for SqlServerStore {
 
     async fn reject(&self, rejection: &Rejection) -> Result<(), StoreError> {
         let hash = rejection.event_hash();
+        self.schema_gate("reject")?;
         with_client!(self, "reject", self.query_timeout, |client| reject_on(
             client, rejection, &hash
         ))
     }
 
     async fn order(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError> {
+        self.schema_gate("read order")?;
         with_client!(self, "read order", self.query_timeout, |client| read_order(
             client, order_id
         ))
@@ -466,12 +536,14 @@ impl OrderStore for SqlServerStore {
         account_id: &str,
         symbol: &str,
     ) -> Result<Option<Decimal>, StoreError> {
+        self.schema_gate("read position")?;
         with_client!(self, "read position", self.query_timeout, |client| {
             position_on(client, account_id, symbol)
         })
     }
 
     async fn rejections(&self, order_id: Option<&str>) -> Result<Vec<RejectedRecord>, StoreError> {
+        self.schema_gate("read rejections")?;
         with_client!(self, "read rejections", self.query_timeout, |client| {
             rejections_on(client, order_id)
         })

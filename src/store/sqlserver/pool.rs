@@ -8,13 +8,19 @@
 //! (`Error::Routing { host, port }`, the default policy inside Azure) is
 //! followed by reconnecting there and logging in again.
 //!
-//! Recovery after a server restart or a cut connection: bb8 tests every
-//! connection on checkout (`SELECT 1`), drops the ones that fail, and opens
-//! new ones on demand; nothing needs a handler restart.
+//! A connection goes back to the pool only when its last request finished
+//! without an error and no transaction is open on it (`broken` is cleared
+//! only then); any error discards it. A connection that sat idle for
+//! [`CHECK_AFTER_IDLE`] is checked on checkout (`SELECT @@TRANCOUNT`: alive
+//! and no transaction open); a busy one is not, which saves a round trip per
+//! statement. Recovery after a server restart: idle connections fail their
+//! check and are replaced; a busy one fails its next statement, which is
+//! retried once on another connection and otherwise answered `retry`.
+//! Nothing needs a handler restart.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
@@ -29,11 +35,19 @@ pub type Client = tiberius::Client<Compat<TcpStream>>;
 pub struct SqlConnection {
     /// The driver's client.
     pub client: Client,
-    /// Set while a request is in flight and cleared when it completed, so a
-    /// request abandoned half-way (timeout, cancellation) or a connection
-    /// that failed leaves it set and bb8 discards the connection.
+    /// Set while a request is in flight and cleared only when it completed
+    /// without an error and with no transaction open, so a request abandoned
+    /// half-way (timeout, cancellation), any error, or a transaction left
+    /// open leaves it set and bb8 discards the connection.
     pub broken: bool,
+    /// When the last request finished cleanly: a connection idle for longer
+    /// than [`CHECK_AFTER_IDLE`] is checked before it is handed out again.
+    pub last_used: Instant,
 }
+
+/// A pooled connection unused for this long is checked on checkout (a
+/// server restart or an idle-timeout on the network path may have cut it).
+pub const CHECK_AFTER_IDLE: Duration = Duration::from_secs(5);
 
 /// Why a connection could not be opened or checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,7 +134,7 @@ impl SqlConnectionManager {
             Ok(Ok(result)) => {
                 let mut client = result.map_err(ConnectError::Sql)?;
                 let setup = async {
-                    for statement in [sql::SESSION_COUNT_ROWS, sql::SESSION_NO_XACT_ABORT] {
+                    for statement in [sql::SESSION_COUNT_ROWS, sql::SESSION_XACT_ABORT] {
                         client.simple_query(statement).await?.into_results().await?;
                     }
                     Ok::<_, tiberius::error::Error>(())
@@ -172,6 +186,7 @@ impl bb8::ManageConnection for SqlConnectionManager {
             Ok(client) => Ok(SqlConnection {
                 client,
                 broken: false,
+                last_used: Instant::now(),
             }),
             Err(e) => {
                 log::warn!("cannot connect to SQL Server: {e}");
@@ -182,19 +197,33 @@ impl bb8::ManageConnection for SqlConnectionManager {
     }
 
     async fn is_valid(&self, conn: &mut SqlConnection) -> Result<(), ConnectError> {
+        if conn.broken {
+            return Err(ConnectError::Sql(tiberius::error::Error::Protocol(
+                "connection marked broken".into(),
+            )));
+        }
+        if conn.last_used.elapsed() < CHECK_AFTER_IDLE {
+            return Ok(());
+        }
         conn.broken = true;
-        let ping = async {
-            conn.client
-                .simple_query(sql::PING)
+        let check = async {
+            let row = conn
+                .client
+                .simple_query(sql::OPEN_TRANSACTIONS)
                 .await?
-                .into_results()
-                .await
+                .into_row()
+                .await?;
+            Ok::<_, tiberius::error::Error>(row.and_then(|r| r.get::<i32, _>(0)))
         };
-        match tokio::time::timeout(self.connect_timeout, ping).await {
-            Ok(Ok(_)) => {
+        match tokio::time::timeout(self.connect_timeout, check).await {
+            Ok(Ok(Some(0))) => {
                 conn.broken = false;
+                conn.last_used = Instant::now();
                 Ok(())
             }
+            Ok(Ok(open)) => Err(ConnectError::Sql(tiberius::error::Error::Protocol(
+                format!("pooled connection has a transaction open (@@TRANCOUNT {open:?})").into(),
+            ))),
             Ok(Err(e)) => Err(ConnectError::Sql(e)),
             Err(_) => Err(ConnectError::Timeout(self.connect_timeout)),
         }

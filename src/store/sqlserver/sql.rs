@@ -9,6 +9,15 @@
 //! through `sp_executesql`), portable T-SQL (no MERGE, no CREATE OR ALTER, no
 //! SERIALIZABLE/REPEATABLE READ, no ROWVERSION, no `sys.dm_*`), and no
 //! `UPDATE … OUTPUT` at all, so the unqualified-column pitfall cannot arise.
+//! Everything here runs unchanged on SQL Server, Azure SQL and Babelfish
+//! (the CI's engine).
+//!
+//! **No NULL parameter is ever sent.** tiberius sends a `None` as an untyped
+//! NULL (TDS type 0x1F), which SQL Server tolerates and stricter engines
+//! refuse (error 8009). An optional value therefore travels as a typed value
+//! that can never be a real one, and the statement turns it back into NULL:
+//! `NULLIF(@Pn, N'')` for text (every optional text we store is non-empty
+//! when present), `NULLIF(@Pn, 0)` for the limit price (always > 0).
 
 /// The schema, idempotent, batches separated by lines holding only `GO`.
 pub const SCHEMA: &str = include_str!("../../../sql/sqlserver/schema.sql");
@@ -49,33 +58,42 @@ pub const LOCK_SCHEMA: &str = "EXEC sp_getapplock @Resource = N'order-guard:sche
 /// descriptor).
 pub const BEGIN: &str = "BEGIN TRANSACTION";
 
-/// Ends a transaction successfully.
-pub const COMMIT: &str = "COMMIT TRANSACTION";
+/// Ends a transaction and says how many are still open, in one round trip.
+/// A transaction is never assumed to be over: anything but 0 means the
+/// COMMIT did not end it, and the connection is discarded (closing it rolls
+/// the transaction back) instead of going back to the pool.
+pub const COMMIT_AND_COUNT: &str = "COMMIT TRANSACTION; SELECT @@TRANCOUNT AS OpenTransactions";
 
-/// Undoes a failed transaction; harmless when the server already rolled it
-/// back (a deadlock victim's transaction is gone, for example).
-pub const ROLLBACK: &str = "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION";
+/// Ends a transaction that must not take effect (the order was not
+/// `Received` any more), checked the same way. Harmless when the server
+/// already rolled it back.
+pub const ROLLBACK_AND_COUNT: &str =
+    "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; SELECT @@TRANCOUNT AS OpenTransactions";
 
 /// Run once on every new connection: the row counts `execute` relies on
 /// must be reported even if the server's default user options say NOCOUNT.
 pub const SESSION_COUNT_ROWS: &str = "SET NOCOUNT OFF";
 
-/// Run once on every new connection: a failed statement (the unique
-/// violation of a racing position insert) must end only that statement, not
-/// the whole transaction, whatever the server's default.
-pub const SESSION_NO_XACT_ABORT: &str = "SET XACT_ABORT OFF";
+/// Run once on every new connection: any error inside a transaction ends
+/// the whole transaction (rolled back), never just the statement, so no
+/// transaction can go on half-applied. The store also never sends another
+/// statement after an error inside a transaction: it discards the connection.
+pub const SESSION_XACT_ABORT: &str = "SET XACT_ABORT ON";
 
-/// Connection health check used by the pool.
-pub const PING: &str = "SELECT 1";
+/// The pool's check of a connection that sat idle: alive, and no
+/// transaction left open on it.
+pub const OPEN_TRANSACTIONS: &str = "SELECT @@TRANCOUNT AS OpenTransactions";
 
 /// `accept`: insert the order `Received`. A duplicate id fails on the unique
 /// index (2601/2627) and is then classified from the existing row.
 /// P1 OrderId, P2 Fingerprint, P3 EventId, P4 AccountId, P5 Side, P6 Symbol,
-/// P7 Quantity, P8 LimitPrice, P9 Currency, P10 PlacedAt.
+/// P7 Quantity, P8 LimitPrice (0: none), P9 Currency (empty: none),
+/// P10 PlacedAt (empty: none).
 pub const INSERT_ORDER: &str = "INSERT INTO dbo.Orders \
      (OrderId, Fingerprint, EventId, AccountId, Side, Symbol, Quantity, LimitPrice, \
       Currency, PlacedAt, Status, Attempts, ReceivedAt) \
-     VALUES (@P1, @P2, @P3, @P4, @P5, @P6, @P7, @P8, @P9, @P10, N'Received', 1, SYSUTCDATETIME())";
+     VALUES (@P1, @P2, @P3, @P4, @P5, @P6, @P7, NULLIF(@P8, 0), NULLIF(@P9, N''), \
+      NULLIF(@P10, N''), N'Received', 1, SYSUTCDATETIME())";
 
 /// The order row by id (P1). Timestamps come back as ISO 8601 text (style
 /// 126) so the store needs no date/time crate feature; they are UTC.
@@ -96,20 +114,25 @@ pub const MARK_EXECUTED: &str = "UPDATE dbo.Orders \
      SET Status = N'Executed', ExecutedAt = SYSUTCDATETIME() \
      WHERE OrderId = @P1 AND Status = N'Received'";
 
-/// `execute`, step 2: add the signed quantity to an existing position. The
-/// arithmetic happens in the UPDATE under its exclusive row lock, so two
-/// transactions can never lose each other's change. P1 AccountId, P2 Symbol,
-/// P3 signed quantity.
+/// `execute`, before its transaction: make sure the position row exists, so
+/// the transaction itself is only two UPDATEs and never has to survive an
+/// error. Two first trades racing here make one INSERT fail on the primary
+/// key (2627), which means the row exists: the caller ignores it. A row
+/// created here for an order that then does not execute holds 0.
+/// P1 AccountId, P2 Symbol.
+pub const ENSURE_POSITION: &str =
+    "INSERT INTO dbo.Positions (AccountId, Symbol, Quantity, UpdatedAt) \
+     SELECT @P1, @P2, 0, SYSUTCDATETIME() \
+     WHERE NOT EXISTS (SELECT 1 FROM dbo.Positions WHERE AccountId = @P1 AND Symbol = @P2)";
+
+/// `execute`, step 2 (in the transaction, after [`MARK_EXECUTED`] changed
+/// one row): add the signed quantity to the position. The arithmetic
+/// happens in the UPDATE under its exclusive row lock, so two transactions
+/// can never lose each other's change. P1 AccountId, P2 Symbol, P3 signed
+/// quantity.
 pub const ADD_TO_POSITION: &str = "UPDATE dbo.Positions \
      SET Quantity = Quantity + @P3, UpdatedAt = SYSUTCDATETIME() \
      WHERE AccountId = @P1 AND Symbol = @P2";
-
-/// `execute`, step 2 when no position row existed. A concurrent first trade
-/// makes one of the two inserts fail on the primary key (2627); that one
-/// then runs [`ADD_TO_POSITION`] again. P1 AccountId, P2 Symbol, P3 quantity.
-pub const INSERT_POSITION: &str =
-    "INSERT INTO dbo.Positions (AccountId, Symbol, Quantity, UpdatedAt) \
-     VALUES (@P1, @P2, @P3, SYSUTCDATETIME())";
 
 /// The net position. P1 AccountId, P2 Symbol.
 pub const SELECT_POSITION: &str =
@@ -117,11 +140,13 @@ pub const SELECT_POSITION: &str =
 
 /// `reject`: keep the event once, keyed by its hash (unique index).
 /// P1 EventHash, P2 Kind, P3 OrderId, P4 EventId, P5 Reason, P6 Fingerprint,
-/// P7 ExistingFingerprint, P8 RawEvent.
+/// P7 ExistingFingerprint, P8 RawEvent; an empty P3, P4, P6 or P7 is stored
+/// as NULL.
 pub const INSERT_REJECTED: &str = "INSERT INTO dbo.RejectedEvents \
      (EventHash, Kind, OrderId, EventId, Reason, Fingerprint, ExistingFingerprint, RawEvent, \
       Deliveries, FirstSeenAt, LastSeenAt) \
-     VALUES (@P1, @P2, @P3, @P4, @P5, @P6, @P7, @P8, 1, SYSUTCDATETIME(), SYSUTCDATETIME())";
+     VALUES (@P1, @P2, NULLIF(@P3, N''), NULLIF(@P4, N''), @P5, NULLIF(@P6, N''), \
+      NULLIF(@P7, N''), @P8, 1, SYSUTCDATETIME(), SYSUTCDATETIME())";
 
 /// `reject` of an event already kept: count the delivery. P1 EventHash.
 pub const COUNT_REJECTED_DELIVERY: &str = "UPDATE dbo.RejectedEvents \
@@ -138,24 +163,30 @@ pub const SELECT_REJECTIONS_WITHOUT_ORDER: &str = "SELECT Kind, OrderId, Reason,
      ExistingFingerprint, RawEvent, Deliveries \
      FROM dbo.RejectedEvents WHERE OrderId IS NULL ORDER BY Id";
 
+/// Sent instead of the COMMIT by the `sqlserver_commit=return(fail)` fault
+/// point (tests only): a statement the server fails (8134), which under
+/// `XACT_ABORT ON` aborts the transaction, as a failed COMMIT does.
+pub const FAULT_FAILING_COMMIT: &str = "SELECT 1 / 0 AS FaultInjectedInsteadOfCommit";
+
 /// Every statement above, for the parse check in `tests/sqlserver.rs`.
 pub const ALL: &[&str] = &[
     LOCK_SCHEMA,
     BEGIN,
-    COMMIT,
-    ROLLBACK,
+    COMMIT_AND_COUNT,
+    ROLLBACK_AND_COUNT,
     SESSION_COUNT_ROWS,
-    SESSION_NO_XACT_ABORT,
-    PING,
+    SESSION_XACT_ABORT,
+    OPEN_TRANSACTIONS,
     INSERT_ORDER,
     SELECT_ORDER,
     RESUME_ORDER,
     MARK_EXECUTED,
+    ENSURE_POSITION,
     ADD_TO_POSITION,
-    INSERT_POSITION,
     SELECT_POSITION,
     INSERT_REJECTED,
     COUNT_REJECTED_DELIVERY,
     SELECT_REJECTIONS,
     SELECT_REJECTIONS_WITHOUT_ORDER,
+    FAULT_FAILING_COMMIT,
 ];
