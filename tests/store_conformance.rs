@@ -157,6 +157,49 @@ mod suite {
         assert_eq!(store.accept(&o, "e").await.unwrap(), Admission::New);
     }
 
+    pub async fn ids_differing_only_in_case_are_different(store: Arc<dyn OrderStore>) {
+        let id = unique_id("Ord");
+        let account = unique_id("Acct");
+        let upper = order(&id.to_uppercase(), &account.to_uppercase(), "buy", "2");
+        let lower = order(&id.to_lowercase(), &account.to_lowercase(), "buy", "5");
+        for o in [&upper, &lower] {
+            assert_eq!(
+                store.accept(o, "e").await.unwrap(),
+                Admission::New,
+                "{}",
+                o.order_id
+            );
+            assert_eq!(store.execute(o).await.unwrap(), Execution::Executed);
+        }
+        assert_eq!(
+            store
+                .order(&upper.order_id)
+                .await
+                .unwrap()
+                .unwrap()
+                .quantity,
+            dec("2")
+        );
+        assert_eq!(
+            store
+                .order(&lower.order_id)
+                .await
+                .unwrap()
+                .unwrap()
+                .quantity,
+            dec("5")
+        );
+        assert_eq!(
+            store.position(&upper.account_id, "MSFT").await.unwrap(),
+            Some(dec("2")),
+            "accounts differing in case never share a position"
+        );
+        assert_eq!(
+            store.position(&lower.account_id, "MSFT").await.unwrap(),
+            Some(dec("5"))
+        );
+    }
+
     pub async fn exact_decimals_round_trip(store: Arc<dyn OrderStore>) {
         let account = unique_id("acct");
         let o = order(
@@ -188,6 +231,7 @@ macro_rules! conformance {
                 concurrent_accept_and_execute_take_effect_once,
                 rejections_are_stored_once_with_their_reason,
                 migrate_is_idempotent,
+                ids_differing_only_in_case_are_different,
                 exact_decimals_round_trip);
         }
     };
@@ -214,35 +258,9 @@ conformance!(sqlite, sqlite_store());
 /// connection string (migrated first); otherwise `None`, after saying so: the
 /// checks then do not run, they do not pass.
 async fn sqlserver_store() -> Option<(Arc<dyn OrderStore>, ())> {
-    let cs = match std::env::var("ORDER_GUARD_TEST_MSSQL") {
-        Ok(cs) if !cs.trim().is_empty() => cs,
-        _ => {
-            // Written to the real stderr, once: libtest would hide eprintln!.
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SQL Server conformance suite NOT RUN: set ORDER_GUARD_TEST_MSSQL to an ADO.NET \
-                     connection string (e.g. \"Server=tcp:127.0.0.1,1433;Database=orders;User ID=sa;\
-                     Password=...;TrustServerCertificate=True\") to run it"
-                );
-            });
-            return None;
-        }
-    };
-    let settings = order_guard::store::sqlserver::SqlServerSettings {
-        connect_timeout: std::time::Duration::from_secs(10),
-        query_timeout: std::time::Duration::from_secs(20),
-        pool_size: 20,
-    };
-    let store = order_guard::store::SqlServerStore::connect(&cs, &settings)
-        .expect("ORDER_GUARD_TEST_MSSQL is not a usable connection string");
-    store
-        .migrate()
-        .await
-        .expect("cannot migrate the SQL Server named by ORDER_GUARD_TEST_MSSQL");
-    Some((Arc::new(store) as Arc<dyn OrderStore>, ()))
+    let cs = common::mssql_connection_string()?;
+    let store = common::mssql_store(&cs, std::time::Duration::from_secs(20)).await;
+    Some((store as Arc<dyn OrderStore>, ()))
 }
 
 conformance!(sqlserver, sqlserver_store());

@@ -191,6 +191,51 @@ pub fn processor(guard: Arc<dyn IdempotencyGuard>, store: Arc<dyn OrderStore>) -
     Arc::new(Processor::new(guard, store, ProcessorSettings::default()))
 }
 
+/// The SQL Server to test against: `ORDER_GUARD_TEST_MSSQL` (an ADO.NET
+/// string; `scripts/test.sh` starts the T-SQL engine and sets it). `None`
+/// after saying, once and on the real stderr, that the SQL Server tests of
+/// this binary do not run: they then neither run nor pass.
+pub fn mssql_connection_string() -> Option<String> {
+    match std::env::var("ORDER_GUARD_TEST_MSSQL") {
+        Ok(cs) if !cs.trim().is_empty() => Some(cs),
+        _ => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SQL Server tests NOT RUN: set ORDER_GUARD_TEST_MSSQL to an ADO.NET connection \
+                     string, or run scripts/test.sh, which starts the T-SQL engine and sets it"
+                );
+            });
+            None
+        }
+    }
+}
+
+/// Settings for SQL Server stores in tests.
+pub fn mssql_settings(query_timeout: Duration) -> order_guard::store::sqlserver::SqlServerSettings {
+    order_guard::store::sqlserver::SqlServerSettings {
+        connect_timeout: Duration::from_secs(10),
+        query_timeout,
+        pool_size: 20,
+    }
+}
+
+/// A migrated SQL Server store on `cs`.
+pub async fn mssql_store(
+    cs: &str,
+    query_timeout: Duration,
+) -> Arc<order_guard::store::SqlServerStore> {
+    let store = order_guard::store::SqlServerStore::connect(cs, &mssql_settings(query_timeout))
+        .expect("ORDER_GUARD_TEST_MSSQL is not a usable connection string");
+    store
+        .migrate()
+        .await
+        .expect("cannot migrate the SQL Server named by ORDER_GUARD_TEST_MSSQL");
+    Arc::new(store)
+}
+
 /// A unique order id for one test.
 pub fn unique_id(tag: &str) -> String {
     format!("{tag}-{}", uuid::Uuid::new_v4().simple())

@@ -1,0 +1,440 @@
+//! The SQL Server store against a real T-SQL engine, where a fake cannot
+//! tell the truth: transactions that fail at their COMMIT, are cut, or time
+//! out inside; deadlocks; `migrate` and duplicates from
+//! several processes at once; the engine stopped and restarted under load.
+//!
+//! Runs when `ORDER_GUARD_TEST_MSSQL` names a server (`scripts/test.sh`
+//! starts the T-SQL engine and sets it); says so and runs nothing otherwise.
+//! The restart test also needs the engine's command (`ORDER_GUARD_TSQL_SERVER`,
+//! set by `scripts/test.sh`), since it stops and starts an engine of its own.
+//!
+//! Fault points are process-wide, so the tests of this binary run one at a
+//! time (`SERIAL`).
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use order_guard::order::{Order, OrderStatus};
+use order_guard::store::sqlserver::classify;
+use order_guard::store::sqlserver::connstr::SqlConnInfo;
+use order_guard::store::sqlserver::pool::{open_following_redirect, Client};
+use order_guard::store::{Admission, Execution, OrderStore, SqlServerStore, StoreError};
+use rust_decimal::Decimal;
+use serde_json::json;
+
+use common::unique_id;
+
+/// One test at a time: fault points are global to the process.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn order(account: &str, qty: &str) -> Order {
+    Order::from_data(&json!({
+        "orderId": unique_id("ord"), "accountId": account, "side": "buy",
+        "symbol": "MSFT", "quantity": qty
+    }))
+    .unwrap()
+}
+
+fn dec(s: &str) -> Decimal {
+    s.parse().unwrap()
+}
+
+/// A plain connection of the test's own, outside the store (to hold locks).
+async fn raw_client(cs: &str) -> Client {
+    let info = SqlConnInfo::parse(cs).unwrap();
+    open_following_redirect(info.tiberius_config())
+        .await
+        .expect("cannot open a test connection to ORDER_GUARD_TEST_MSSQL")
+}
+
+async fn batch(client: &mut Client, sql: &str) -> Result<(), tiberius::error::Error> {
+    client.simple_query(sql).await?.into_results().await?;
+    Ok(())
+}
+
+/// What a fresh store (new connections) reads: the committed truth.
+async fn committed(cs: &str, o: &Order) -> (OrderStatus, Option<Decimal>) {
+    let store = common::mssql_store(cs, Duration::from_secs(20)).await;
+    let row = store.order(&o.order_id).await.unwrap().expect("order row");
+    let position = store.position(&o.account_id, &o.symbol).await.unwrap();
+    (row.status, position)
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_fails_or_leaves_the_transaction_open_is_never_answered_executed() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let store = common::mssql_store(&cs, Duration::from_secs(20)).await;
+    for fault in ["fail", "skip"] {
+        let o = order(&unique_id("acct"), "7");
+        assert_eq!(store.accept(&o, "e").await.unwrap(), Admission::New);
+        fail::cfg(
+            order_guard::faults::SQLSERVER_COMMIT,
+            &format!("return({fault})"),
+        )
+        .unwrap();
+        let answer = store.execute(&o).await;
+        fail::remove(order_guard::faults::SQLSERVER_COMMIT);
+        match answer {
+            Err(StoreError::Permanent(_) | StoreError::Transient(_)) => {}
+            Ok(e) => panic!("COMMIT fault {fault}: answered {e:?} for an uncommitted order"),
+        }
+        // The connection with the open (or aborted) transaction was discarded,
+        // which rolled it back: the order is still to do, the position untouched.
+        assert_eq!(
+            committed(&cs, &o).await,
+            (OrderStatus::Received, Some(Decimal::ZERO)),
+            "COMMIT fault {fault}: the effect must not be committed"
+        );
+        // The pool holds no connection with a transaction open: the retry
+        // executes the order, once.
+        assert_eq!(store.execute(&o).await.unwrap(), Execution::Executed);
+        assert_eq!(store.execute(&o).await.unwrap(), Execution::AlreadyDone);
+        assert_eq!(
+            committed(&cs, &o).await,
+            (OrderStatus::Executed, Some(dec("7"))),
+            "COMMIT fault {fault}"
+        );
+    }
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_inside_the_transaction_is_rolled_back_and_retried_once() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let store = common::mssql_store(&cs, Duration::from_secs(20)).await;
+    let o = order(&unique_id("acct"), "3");
+    store.accept(&o, "e").await.unwrap();
+    // The first attempt's connection is cut before its COMMIT; the store
+    // retries once on a new connection, where the order is still `Received`.
+    fail::cfg(order_guard::faults::SQLSERVER_COMMIT, "1*return(cut)").unwrap();
+    let answer = store.execute(&o).await;
+    fail::remove(order_guard::faults::SQLSERVER_COMMIT);
+    assert_eq!(answer.unwrap(), Execution::Executed);
+    assert_eq!(
+        committed(&cs, &o).await,
+        (OrderStatus::Executed, Some(dec("3"))),
+        "executed exactly once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_timeout_inside_the_transaction_is_retry_and_takes_no_effect() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let store = common::mssql_store(&cs, Duration::from_secs(2)).await;
+    let account = unique_id("acct");
+    let first = order(&account, "1");
+    store.accept(&first, "e").await.unwrap();
+    store.execute(&first).await.unwrap();
+    let o = order(&account, "4");
+    store.accept(&o, "e").await.unwrap();
+    // Another session holds the position row: the transaction's second
+    // UPDATE waits past the query timeout.
+    let mut blocker = raw_client(&cs).await;
+    batch(&mut blocker, "BEGIN TRANSACTION").await.unwrap();
+    blocker
+        .execute(
+            "UPDATE dbo.Positions SET Quantity = Quantity WHERE AccountId = @P1",
+            &[&account.as_str()],
+        )
+        .await
+        .unwrap();
+    match store.execute(&o).await {
+        Err(StoreError::Transient(m)) => assert!(m.contains("SQL_QUERY_TIMEOUT_SECONDS"), "{m}"),
+        other => panic!("want a transient timeout, got {other:?}"),
+    }
+    batch(&mut blocker, "COMMIT TRANSACTION").await.unwrap();
+    // The abandoned transaction is rolled back when the server sees its
+    // connection gone; the order's row lock makes the retry wait for that.
+    assert_eq!(store.execute(&o).await.unwrap(), Execution::Executed);
+    assert_eq!(
+        committed(&cs, &o).await,
+        (OrderStatus::Executed, Some(dec("5"))),
+        "1 + 4, the timed-out attempt left nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_is_transient() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let store = common::mssql_store(&cs, Duration::from_secs(20)).await;
+    let (x, y) = (
+        order(&unique_id("acct"), "1"),
+        order(&unique_id("acct"), "1"),
+    );
+    for o in [&x, &y] {
+        store.accept(o, "e").await.unwrap();
+        store.execute(o).await.unwrap();
+    }
+    let lock = "UPDATE dbo.Positions SET Quantity = Quantity WHERE AccountId = @P1";
+    let (mut a, mut b) = (raw_client(&cs).await, raw_client(&cs).await);
+
+    // (A lock timeout, 1222 on SQL Server, is 33557097 on Babelfish: the
+    // store sets none and relies on its query timeout, tested above.)
+    batch(&mut a, "BEGIN TRANSACTION").await.unwrap();
+    a.execute(lock, &[&x.account_id.as_str()]).await.unwrap();
+
+    // Deadlock: a holds x and wants y, b holds y and wants x (1205).
+    batch(&mut b, "BEGIN TRANSACTION").await.unwrap();
+    b.execute(lock, &[&y.account_id.as_str()]).await.unwrap();
+    let (xa, ya) = (x.account_id.as_str(), y.account_id.as_str());
+    let (pa, pb): ([&dyn tiberius::ToSql; 1], [&dyn tiberius::ToSql; 1]) = ([&ya], [&xa]);
+    let (ra, rb) = tokio::join!(a.execute(lock, &pa), b.execute(lock, &pb));
+    let victim = match (ra, rb) {
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => e,
+        (ra, rb) => panic!("want exactly one deadlock victim, got {ra:?} and {rb:?}"),
+    };
+    assert_eq!(victim.code(), Some(1205), "{victim}");
+    assert!(
+        matches!(classify::classify("t", &victim), StoreError::Transient(_)),
+        "{victim}"
+    );
+}
+
+/// A new, empty database on the same engine, and its connection string.
+async fn fresh_database(cs: &str) -> String {
+    let name = format!("og_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = raw_client(cs).await;
+    batch(&mut admin, &format!("CREATE DATABASE [{name}]"))
+        .await
+        .expect("CREATE DATABASE on the test server");
+    let mut parts: Vec<String> = cs
+        .split(';')
+        .filter(|p| {
+            let key = p
+                .split('=')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            !p.trim().is_empty() && key != "initial catalog" && key != "database"
+        })
+        .map(str::to_string)
+        .collect();
+    parts.push(format!("Initial Catalog={name}"));
+    parts.join(";")
+}
+
+fn handler_command(cs: &str, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(common::handler_binary());
+    cmd.args(args)
+        .env_remove("REDIS_URL")
+        .env("SQL_CONNECTION_STRING", cs)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_from_three_processes_at_once_on_a_new_database() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let db = fresh_database(&cs).await;
+    let runs: Vec<_> = (0..3)
+        .map(|_| handler_command(&db, &["migrate"]).output())
+        .collect();
+    for out in futures::future::join_all(runs).await {
+        let out = out.unwrap();
+        assert!(
+            out.status.success(),
+            "migrate failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // And again, on the migrated database.
+    let again = handler_command(&db, &["migrate"]).output().await.unwrap();
+    assert!(again.status.success(), "{again:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_from_several_processes_at_once_execute_each_order_once() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    // The memory guard is per process: only the database stands between the
+    // four processes and a double execution.
+    let account = unique_id("acct");
+    let ids: Vec<String> = (0..20).map(|_| unique_id("ord")).collect();
+    let deliveries: Vec<_> = ids
+        .iter()
+        .map(|id| common::eg_event(common::order_data(id, "buy", "MSFT", "2", &account)))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("deliveries.json");
+    std::fs::write(&file, serde_json::to_vec(&deliveries).unwrap()).unwrap();
+    let file = file.display().to_string();
+    let runs: Vec<_> = (0..4)
+        .map(|_| handler_command(&cs, &["replay", &file, "--concurrency", "8"]).output())
+        .collect();
+    let mut executed = 0;
+    for out in futures::future::join_all(runs).await {
+        let out = out.unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let summary = stdout.lines().last().unwrap_or_default().to_string();
+        let field = |name: &str| -> u64 {
+            summary
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {name}= in {summary:?}"))
+        };
+        assert_eq!(field("unresolved"), 0, "{summary}");
+        assert_eq!(field("executed") + field("duplicates"), 20, "{summary}");
+        executed += field("executed");
+    }
+    assert_eq!(executed, 20, "each order executed by exactly one process");
+    let store = common::mssql_store(&cs, Duration::from_secs(20)).await;
+    assert_eq!(
+        store.position(&account, "MSFT").await.unwrap(),
+        Some(dec("40"))
+    );
+}
+
+/// An engine of this test's own on a free port, stopped and started by it.
+struct OwnEngine {
+    tool: String,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl OwnEngine {
+    fn command(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new(&self.tool)
+            .args(args)
+            .args(["--port", &self.port.to_string()])
+            .env("TSQL_SERVER_DIR", self.dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.tool));
+        assert!(
+            out.status.success(),
+            "tsql-server {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for OwnEngine {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(&self.tool)
+            .args(["stop", "--port", &self.port.to_string()])
+            .env("TSQL_SERVER_DIR", self.dir.path())
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_stopped_and_restarted_under_load_loses_nothing() {
+    let Some(_) = common::mssql_connection_string() else {
+        return;
+    };
+    let tool = std::env::var("ORDER_GUARD_TSQL_SERVER").unwrap_or_else(|_| {
+        panic!(
+            "ORDER_GUARD_TSQL_SERVER is not set: this test stops and starts a T-SQL engine of \
+             its own and needs the tsql-server command (scripts/test.sh sets it)"
+        )
+    });
+    let _serial = SERIAL.lock().await;
+    // Its own state folder, reachable by the engine's system user (not /root).
+    let dir = tempfile::Builder::new()
+        .prefix("og-engine-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let engine = OwnEngine {
+        tool,
+        port: common::free_port(),
+        dir,
+    };
+    let cs = engine.command(&["start", "--database", "restart_test"]);
+    let store: Arc<SqlServerStore> = common::mssql_store(&cs, Duration::from_secs(3)).await;
+    let account = unique_id("acct");
+    let orders: Vec<Order> = (0..300).map(|_| order(&account, "1")).collect();
+
+    // Workers deliver every order until it is done, as Event Grid would
+    // (retrying every failure); halfway the engine goes down and comes back.
+    let work = {
+        let store = Arc::clone(&store);
+        let orders = orders.clone();
+        async move {
+            let mut retries = 0u32;
+            for o in &orders {
+                loop {
+                    let done = match store.accept(o, "e").await {
+                        Ok(Admission::New | Admission::Resumed) => {
+                            matches!(store.execute(o).await, Ok(_))
+                        }
+                        Ok(Admission::AlreadyDone(_)) => true,
+                        Ok(Admission::Conflict { .. }) => panic!("conflict for {}", o.order_id),
+                        Err(_) => false,
+                    };
+                    if done {
+                        break;
+                    }
+                    retries += 1;
+                    assert!(retries < 2_000, "the store never recovered");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            retries
+        }
+    };
+    let worker = tokio::spawn(work);
+    // Wait for the load to be under way, then restart the engine.
+    loop {
+        let row = store.order(&orders[10].order_id).await;
+        if matches!(row, Ok(Some(_))) {
+            break;
+        }
+        assert!(!worker.is_finished(), "the load ended early");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    engine.command(&["stop"]);
+    engine.command(&["start", "--database", "restart_test"]);
+    let retries = worker.await.unwrap();
+    // Every order executed once: the position is the count of orders.
+    assert_eq!(
+        store.position(&account, "MSFT").await.unwrap(),
+        Some(Decimal::from(orders.len())),
+        "after {retries} retries"
+    );
+    for o in &orders {
+        let row = store.order(&o.order_id).await.unwrap().unwrap();
+        assert_eq!(row.status, OrderStatus::Executed, "{}", o.order_id);
+    }
+    assert!(
+        retries > 0,
+        "the restart was not felt: the test proved nothing"
+    );
+}
