@@ -392,9 +392,7 @@ async fn the_engine_stopped_and_restarted_under_load_loses_nothing() {
             for o in &orders {
                 loop {
                     let done = match store.accept(o, "e").await {
-                        Ok(Admission::New | Admission::Resumed) => {
-                            matches!(store.execute(o).await, Ok(_))
-                        }
+                        Ok(Admission::New | Admission::Resumed) => store.execute(o).await.is_ok(),
                         Ok(Admission::AlreadyDone(_)) => true,
                         Ok(Admission::Conflict { .. }) => panic!("conflict for {}", o.order_id),
                         Err(_) => false,
