@@ -17,7 +17,13 @@
 //!
 //! The audit then reads the database and Redis directly. Sizes and seed:
 //! `CHAOS_ORDERS` (default [`DEFAULT_ORDERS`]) and `CHAOS_SEED` (default:
-//! random, always printed). Without the `failpoints` feature on this test
+//! random, always printed).
+//!
+//! The same run goes on SQL Server when `ORDER_GUARD_TEST_MSSQL` is set
+//! (`CHAOS_MSSQL_ORDERS`, default [`DEFAULT_MSSQL_ORDERS`]): a fresh
+//! database, reached by the handlers through a proxy whose outages cut every
+//! connection; with `ORDER_GUARD_TSQL_SERVER` an engine of the run's own,
+//! also stopped and restarted mid-run. The audit reads the SQL Server tables. Without the `failpoints` feature on this test
 //! build (e.g. `cargo test --release --test chaos`), the test builds a
 //! fault-enabled handler itself into `target/chaos-bin` and says so; it never
 //! runs a weaker test silently.
@@ -45,6 +51,8 @@ use common::{RedisServer, Verdict};
 const HANDLERS: usize = 3;
 /// Orders in a default run: the whole test stays well under 3 minutes on 2 cores.
 const DEFAULT_ORDERS: usize = 300;
+/// Orders in a default SQL Server run (CI's short one).
+const DEFAULT_MSSQL_ORDERS: usize = 200;
 /// Short, so a crashed worker's reservation clears quickly.
 const PROCESSING_TTL_SECONDS: i64 = 3;
 /// Event Grid's default maximum delivery attempts.
@@ -899,6 +907,129 @@ impl Driver {
 // The chaos schedule.
 // ---------------------------------------------------------------------------
 
+/// Where the handlers keep their state, and how the chaos reaches it.
+enum Db {
+    /// One SQLite file shared by the handlers.
+    Sqlite(PathBuf),
+    /// A fresh database on SQL Server, reached by the handlers through a
+    /// proxy that can cut their connections; the audit connects directly.
+    SqlServer {
+        /// What the handlers are given (through the proxy).
+        handlers: String,
+        /// What the audit uses (straight to the server).
+        direct: String,
+        database: String,
+        proxy: CutProxy,
+        /// An engine of the test's own, which the chaos may restart.
+        engine: Option<Arc<common::OwnEngine>>,
+    },
+}
+
+impl Db {
+    fn connection_string(&self) -> String {
+        match self {
+            Db::Sqlite(path) => format!("sqlite:{}", path.display()),
+            Db::SqlServer { handlers, .. } => handlers.clone(),
+        }
+    }
+
+    async fn tables(&self) -> Tables {
+        match self {
+            Db::Sqlite(path) => read_sqlite(path),
+            Db::SqlServer { direct, .. } => read_sqlserver(direct).await,
+        }
+    }
+}
+
+/// A TCP proxy in front of the database server that can cut every
+/// connection through it at once and refuse new ones for a while: a network
+/// outage as the handlers see it (TLS and TDS pass through untouched).
+struct CutProxy {
+    port: u16,
+    /// Bumped by every outage: connections of an older generation are cut.
+    generation: watch::Sender<u64>,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl CutProxy {
+    async fn start(upstream: u16) -> CutProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (generation, _) = watch::channel(0u64);
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (gen_rx, is_down) = (generation.subscribe(), Arc::clone(&down));
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if is_down.load(Ordering::SeqCst) {
+                    continue; // refused: dropped at once
+                }
+                let mut cut = gen_rx.clone();
+                cut.mark_unchanged();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.changed() => {} // both sockets dropped: cut
+                    }
+                });
+            }
+        });
+        CutProxy {
+            port,
+            generation,
+            down,
+        }
+    }
+
+    /// Cut every connection and refuse new ones for `hold`.
+    async fn outage(&self, hold: Duration) {
+        self.down.store(true, Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
+        // The outage lasts this long: chaos pacing, not synchronisation.
+        tokio::time::sleep(hold).await;
+        self.down.store(false, Ordering::SeqCst);
+    }
+}
+
+/// The port of `Server=tcp:HOST,PORT` in an ADO.NET string.
+fn server_port(cs: &str) -> u16 {
+    cs.split(';')
+        .find_map(|p| {
+            let (k, v) = p.split_once('=')?;
+            let k = k.trim().to_ascii_lowercase();
+            (k == "server" || k == "data source")
+                .then(|| v.rsplit_once(',').map(|(_, port)| port.trim().parse().ok()))
+                .flatten()
+                .flatten()
+        })
+        .unwrap_or(1433)
+}
+
+/// `cs` with its server replaced by the proxy on loopback.
+fn through_proxy(cs: &str, port: u16) -> String {
+    cs.split(';')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let key = p
+                .split('=')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            if key == "server" || key == "data source" {
+                format!("Server=tcp:127.0.0.1,{port}")
+            } else {
+                p.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Action {
     Kill(usize),
@@ -906,7 +1037,11 @@ enum Action {
     RedisFlush,
     /// SIGSTOP Redis for a while: a hung dependency, not a dead one.
     RedisPause(Duration),
+    /// The database unreachable for a while: SQLite locked (`BEGIN
+    /// EXCLUSIVE`); SQL Server's connections all cut and new ones refused.
     DbOutage(Duration),
+    /// SQL Server only, on an engine of the test's own: stopped and started.
+    EngineRestart,
 }
 
 #[derive(Default)]
@@ -915,9 +1050,15 @@ struct ChaosStats {
     redis_flushes: AtomicU64,
     redis_pauses: AtomicU64,
     db_outages: AtomicU64,
+    engine_restarts: AtomicU64,
 }
 
-fn chaos_plan(rng: &mut StdRng, n: usize, spread: Duration) -> Vec<(Duration, Action)> {
+fn chaos_plan(
+    rng: &mut StdRng,
+    n: usize,
+    spread: Duration,
+    engine_restarts: bool,
+) -> Vec<(Duration, Action)> {
     let mut actions = Vec::new();
     for _ in 0..(n / 40).max(3) {
         actions.push(Action::Kill(rng.gen_range(0..HANDLERS)));
@@ -938,6 +1079,11 @@ fn chaos_plan(rng: &mut StdRng, n: usize, spread: Duration) -> Vec<(Duration, Ac
             rng.gen_range(800..=1600),
         )));
     }
+    if engine_restarts {
+        for _ in 0..(n / 250).max(1) {
+            actions.push(Action::EngineRestart);
+        }
+    }
     let mut timed: Vec<(Duration, Action)> = actions
         .into_iter()
         .map(|a| (spread.mul_f64(rng.gen_range(0.05..0.8)), a))
@@ -950,7 +1096,7 @@ async fn run_chaos(
     schedule: Vec<(Duration, Action)>,
     started: Instant,
     redis: Arc<Mutex<RedisServer>>,
-    db: PathBuf,
+    db: Arc<Db>,
     kill_txs: Vec<mpsc::UnboundedSender<KillRequest>>,
     stats: Arc<ChaosStats>,
 ) {
@@ -994,19 +1140,42 @@ async fn run_chaos(
                 stats.redis_pauses.fetch_add(1, Ordering::Relaxed);
             }
             Action::DbOutage(hold) => {
-                let path = db.clone();
-                tokio::task::spawn_blocking(move || {
-                    let conn = rusqlite::Connection::open(&path).expect("open the database");
-                    conn.busy_timeout(Duration::from_secs(30)).unwrap();
-                    conn.execute_batch("BEGIN EXCLUSIVE")
-                        .expect("BEGIN EXCLUSIVE on the shared database");
-                    // The outage lasts this long: chaos pacing, not synchronisation.
-                    std::thread::sleep(hold);
-                    conn.execute_batch("COMMIT").expect("COMMIT");
-                })
-                .await
-                .expect("database outage");
+                match db.as_ref() {
+                    Db::Sqlite(path) => {
+                        let path = path.clone();
+                        tokio::task::spawn_blocking(move || {
+                            let conn =
+                                rusqlite::Connection::open(&path).expect("open the database");
+                            conn.busy_timeout(Duration::from_secs(30)).unwrap();
+                            conn.execute_batch("BEGIN EXCLUSIVE")
+                                .expect("BEGIN EXCLUSIVE on the shared database");
+                            // The outage lasts this long: chaos pacing, not synchronisation.
+                            std::thread::sleep(hold);
+                            conn.execute_batch("COMMIT").expect("COMMIT");
+                        })
+                        .await
+                        .expect("database outage");
+                    }
+                    Db::SqlServer { proxy, .. } => proxy.outage(hold).await,
+                }
                 stats.db_outages.fetch_add(1, Ordering::Relaxed);
+            }
+            Action::EngineRestart => {
+                if let Db::SqlServer {
+                    engine: Some(engine),
+                    database,
+                    ..
+                } = db.as_ref()
+                {
+                    let (engine, database) = (Arc::clone(engine), database.clone());
+                    tokio::task::spawn_blocking(move || {
+                        engine.command(&["stop"]);
+                        engine.command(&["start", "--database", &database]);
+                    })
+                    .await
+                    .expect("restarting the T-SQL engine");
+                    stats.engine_restarts.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -1033,23 +1202,41 @@ fn dec(text: &str) -> Decimal {
     Decimal::from_str(text).unwrap_or_else(|e| panic!("stored decimal {text:?}: {e}"))
 }
 
-fn audit(plan: &Plan, tally: &Tally, db: &Path, redis: &RedisServer) -> Audit {
-    let mut a = Audit::default();
+/// Status, AccountId, Symbol, Side, Quantity, Fingerprint.
+type OrderRow = (String, String, String, String, String, String);
+/// Kind, OrderId, Reason, Fingerprint, ExistingFingerprint, Deliveries.
+type Rejected = (
+    String,
+    Option<String>,
+    String,
+    Option<String>,
+    Option<String>,
+    i64,
+);
+
+/// The store's tables as the audit reads them, straight from the database.
+#[derive(Default)]
+struct Tables {
+    /// (OrderId, row)
+    orders: Vec<(String, OrderRow)>,
+    /// ((AccountId, Symbol), Quantity)
+    positions: Vec<((String, String), Decimal)>,
+    /// (EventId, RawEvent, row)
+    rejected: Vec<(Option<String>, String, Rejected)>,
+}
+
+fn read_sqlite(db: &Path) -> Tables {
     let conn =
         rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .expect("open the database for the audit");
     conn.busy_timeout(Duration::from_secs(10)).unwrap();
-
-    // Orders: one row per id, Executed, with the valid order's content.
-    /// Status, AccountId, Symbol, Side, Quantity, Fingerprint.
-    type OrderRow = (String, String, String, String, String, String);
-    let mut rows: HashMap<String, Vec<OrderRow>> = HashMap::new();
+    let mut t = Tables::default();
     let mut stmt = conn
         .prepare(
             "SELECT OrderId, Status, AccountId, Symbol, Side, Quantity, Fingerprint FROM Orders",
         )
         .unwrap();
-    let all = stmt
+    t.orders = stmt
         .query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?,
@@ -1063,10 +1250,136 @@ fn audit(plan: &Plan, tally: &Tally, db: &Path, redis: &RedisServer) -> Audit {
                 ),
             ))
         })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut stmt = conn
+        .prepare("SELECT AccountId, Symbol, Quantity FROM Positions")
         .unwrap();
-    for row in all {
-        let (id, rest) = row.unwrap();
-        rows.entry(id).or_default().push(rest);
+    t.positions = stmt
+        .query_map([], |r| {
+            Ok((
+                (r.get::<_, String>(0)?, r.get::<_, String>(1)?),
+                r.get::<_, String>(2)?,
+            ))
+        })
+        .unwrap()
+        .map(|r| {
+            let (k, q) = r.unwrap();
+            (k, dec(&q))
+        })
+        .collect();
+    let mut stmt = conn
+        .prepare(
+            "SELECT Kind, OrderId, EventId, Reason, Fingerprint, ExistingFingerprint, RawEvent, Deliveries
+               FROM RejectedEvents",
+        )
+        .unwrap();
+    t.rejected = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, String>(6)?,
+                (
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, Option<String>>(5)?,
+                    r.get::<_, i64>(7)?,
+                ),
+            ))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    t
+}
+
+/// The same tables read from SQL Server (decimals as text, exactly).
+async fn read_sqlserver(cs: &str) -> Tables {
+    let mut client = common::mssql_raw_client(cs).await;
+    let text = |r: &tiberius::Row, i: usize| -> String {
+        r.get::<&str, _>(i)
+            .unwrap_or_else(|| panic!("NULL in column {i}"))
+            .to_string()
+    };
+    let opt = |r: &tiberius::Row, i: usize| r.get::<&str, _>(i).map(str::to_string);
+    let mut t = Tables::default();
+    let orders = client
+        .simple_query(
+            "SELECT OrderId, Status, AccountId, Symbol, Side, CAST(Quantity AS NVARCHAR(60)), \
+             Fingerprint FROM dbo.Orders",
+        )
+        .await
+        .expect("audit: Orders")
+        .into_first_result()
+        .await
+        .expect("audit: Orders");
+    t.orders = orders
+        .iter()
+        .map(|r| {
+            (
+                text(r, 0),
+                (
+                    text(r, 1),
+                    text(r, 2),
+                    text(r, 3),
+                    text(r, 4),
+                    text(r, 5),
+                    text(r, 6),
+                ),
+            )
+        })
+        .collect();
+    let positions = client
+        .simple_query("SELECT AccountId, Symbol, CAST(Quantity AS NVARCHAR(60)) FROM dbo.Positions")
+        .await
+        .expect("audit: Positions")
+        .into_first_result()
+        .await
+        .expect("audit: Positions");
+    t.positions = positions
+        .iter()
+        .map(|r| ((text(r, 0), text(r, 1)), dec(&text(r, 2))))
+        .collect();
+    let rejected = client
+        .simple_query(
+            "SELECT Kind, OrderId, EventId, Reason, Fingerprint, ExistingFingerprint, RawEvent, \
+             Deliveries FROM dbo.RejectedEvents",
+        )
+        .await
+        .expect("audit: RejectedEvents")
+        .into_first_result()
+        .await
+        .expect("audit: RejectedEvents");
+    t.rejected = rejected
+        .iter()
+        .map(|r| {
+            (
+                opt(r, 2),
+                text(r, 6),
+                (
+                    text(r, 0),
+                    opt(r, 1),
+                    text(r, 3),
+                    opt(r, 4),
+                    opt(r, 5),
+                    r.get::<i64, _>(7).expect("Deliveries"),
+                ),
+            )
+        })
+        .collect();
+    t
+}
+
+fn audit(plan: &Plan, tally: &Tally, tables: &Tables, redis: &RedisServer) -> Audit {
+    let mut a = Audit::default();
+
+    // Orders: one row per id, Executed, with the valid order's content.
+    let mut rows: HashMap<String, Vec<OrderRow>> = HashMap::new();
+    for (id, rest) in &tables.orders {
+        rows.entry(id.clone()).or_default().push(rest.clone());
     }
     let executed_answers = tally.executed_answers.lock().unwrap();
     let mut fingerprints = HashMap::new();
@@ -1125,22 +1438,7 @@ fn audit(plan: &Plan, tally: &Tally, db: &Path, redis: &RedisServer) -> Audit {
             .entry((o.account.clone(), o.symbol.to_string()))
             .or_default() += o.signed();
     }
-    let mut stmt = conn
-        .prepare("SELECT AccountId, Symbol, Quantity FROM Positions")
-        .unwrap();
-    let stored: BTreeMap<(String, String), Decimal> = stmt
-        .query_map([], |r| {
-            Ok((
-                (r.get::<_, String>(0)?, r.get::<_, String>(1)?),
-                r.get::<_, String>(2)?,
-            ))
-        })
-        .unwrap()
-        .map(|r| {
-            let (k, q) = r.unwrap();
-            (k, dec(&q))
-        })
-        .collect();
+    let stored: BTreeMap<(String, String), Decimal> = tables.positions.iter().cloned().collect();
     let keys: HashSet<&(String, String)> = expected.keys().chain(stored.keys()).collect();
     for k in keys {
         let want = expected.get(k).copied().unwrap_or_default();
@@ -1155,40 +1453,9 @@ fn audit(plan: &Plan, tally: &Tally, db: &Path, redis: &RedisServer) -> Audit {
     }
 
     // Rejected events: every conflict and poison event stored with its reason.
-    type Rejected = (
-        String,
-        Option<String>,
-        String,
-        Option<String>,
-        Option<String>,
-        i64,
-    );
     let mut by_event: HashMap<String, Vec<Rejected>> = HashMap::new();
     let mut by_raw: HashMap<String, Vec<Rejected>> = HashMap::new();
-    let mut stmt = conn
-        .prepare(
-            "SELECT Kind, OrderId, EventId, Reason, Fingerprint, ExistingFingerprint, RawEvent, Deliveries
-               FROM RejectedEvents",
-        )
-        .unwrap();
-    let rej = stmt
-        .query_map([], |r| {
-            Ok((
-                r.get::<_, Option<String>>(2)?,
-                r.get::<_, String>(6)?,
-                (
-                    r.get::<_, String>(0)?,
-                    r.get::<_, Option<String>>(1)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, Option<String>>(4)?,
-                    r.get::<_, Option<String>>(5)?,
-                    r.get::<_, i64>(7)?,
-                ),
-            ))
-        })
-        .unwrap();
-    for r in rej {
-        let (event_id, raw, rest) = r.unwrap();
+    for (event_id, raw, rest) in tables.rejected.iter().cloned() {
         if let Some(e) = event_id {
             if plan.valid_event_ids.contains(&e) {
                 a.findings.push(format!(
@@ -1280,15 +1547,55 @@ fn env_number(var: &str) -> Option<u64> {
     })
 }
 
+/// One chaos run at a time: two would share two cores and each other's load.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The store a chaos run uses.
+enum StoreChoice {
+    Sqlite,
+    /// A fresh database on the SQL Server of this ADO.NET string.
+    SqlServer(String),
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_every_order_executed_exactly_once() {
-    let n = env_number("CHAOS_ORDERS").unwrap_or(DEFAULT_ORDERS as u64) as usize;
-    assert!(n >= 1, "CHAOS_ORDERS must be at least 1");
+    let _serial = SERIAL.lock().await;
+    chaos(StoreChoice::Sqlite, "CHAOS_ORDERS", DEFAULT_ORDERS).await;
+}
+
+/// The same run with SQL Server as the store (`ORDER_GUARD_TEST_MSSQL`):
+/// outages cut every connection through a proxy; with the engine's command
+/// at hand (`ORDER_GUARD_TSQL_SERVER`) the run uses an engine of its own and
+/// also stops and restarts it. The audit reads the SQL Server tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_on_sql_server_every_order_executed_exactly_once() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    chaos(
+        StoreChoice::SqlServer(cs),
+        "CHAOS_MSSQL_ORDERS",
+        DEFAULT_MSSQL_ORDERS,
+    )
+    .await;
+}
+
+async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
+    let n = env_number(size_var).unwrap_or(default_orders as u64) as usize;
+    assert!(n >= 1, "{size_var} must be at least 1");
     let seed = env_number("CHAOS_SEED").unwrap_or_else(|| rand::thread_rng().gen());
+    let (store_name, test_name) = match choice {
+        StoreChoice::Sqlite => ("sqlite", "chaos_every_order_executed_exactly_once"),
+        StoreChoice::SqlServer(_) => (
+            "sqlserver",
+            "chaos_on_sql_server_every_order_executed_exactly_once",
+        ),
+    };
     let reproduce = format!(
-        "CHAOS_SEED={seed} CHAOS_ORDERS={n} cargo test --features failpoints --test chaos -- --nocapture"
+        "CHAOS_SEED={seed} {size_var}={n} cargo test --features failpoints --test chaos {test_name} -- --exact --nocapture"
     );
-    println!("chaos: seed={seed} orders={n} (reproduce: {reproduce})");
+    println!("chaos: store={store_name} seed={seed} orders={n} (reproduce: {reproduce})");
 
     let (binary, mode) = fault_binary();
     println!("chaos: mode={mode} handler={}", binary.display());
@@ -1300,14 +1607,48 @@ async fn chaos_every_order_executed_exactly_once() {
         std::fs::copy(&binary, &snapshot).expect("copy the handler binary");
     }
     let binary = snapshot;
-    let db = dir.path().join("orders.db");
+    let db = Arc::new(match choice {
+        StoreChoice::Sqlite => Db::Sqlite(dir.path().join("orders.db")),
+        StoreChoice::SqlServer(cs) => {
+            let database = format!("chaos_{:08x}", seed as u32);
+            let (direct, engine) = match std::env::var("ORDER_GUARD_TSQL_SERVER") {
+                Ok(_) => {
+                    let engine = Arc::new(common::OwnEngine::new());
+                    let direct = engine.command(&["start", "--database", &database]);
+                    (direct, Some(engine))
+                }
+                Err(_) => {
+                    println!(
+                        "chaos: engine restarts NOT RUN (ORDER_GUARD_TSQL_SERVER is not set); \
+                         outages are connection cuts on a fresh database of ORDER_GUARD_TEST_MSSQL"
+                    );
+                    (common::mssql_fresh_database(&cs).await, None)
+                }
+            };
+            let proxy = CutProxy::start(server_port(&direct)).await;
+            Db::SqlServer {
+                handlers: through_proxy(&direct, proxy.port),
+                direct,
+                database,
+                proxy,
+                engine,
+            }
+        }
+    });
+    let engine_restarts = matches!(
+        db.as_ref(),
+        Db::SqlServer {
+            engine: Some(_),
+            ..
+        }
+    );
     let redis = Arc::new(Mutex::new(RedisServer::start()));
     let redis_url = redis.lock().unwrap().url();
 
     let mut rng = StdRng::seed_from_u64(seed);
     let run = format!("{:08x}", seed as u32);
     let plan = plan(&mut rng, n, &run);
-    let schedule = chaos_plan(&mut rng, n, plan.spread);
+    let schedule = chaos_plan(&mut rng, n, plan.spread, engine_restarts);
 
     // The handlers.
     let stats = Arc::new(FleetStats::default());
@@ -1322,7 +1663,10 @@ async fn chaos_every_order_executed_exactly_once() {
         let mut env = common::handler_env(port, dir.path());
         for (k, v) in [
             ("REDIS_URL", redis_url.clone()),
-            ("SQL_CONNECTION_STRING", format!("sqlite:{}", db.display())),
+            ("SQL_CONNECTION_STRING", db.connection_string()),
+            ("SQL_QUERY_TIMEOUT_SECONDS", "3".into()),
+            ("SQL_CONNECT_TIMEOUT_SECONDS", "3".into()),
+            ("SQL_POOL_SIZE", "8".into()),
             (
                 "GUARD_PROCESSING_TTL_SECONDS",
                 PROCESSING_TTL_SECONDS.to_string(),
@@ -1382,7 +1726,7 @@ async fn chaos_every_order_executed_exactly_once() {
         schedule,
         started,
         Arc::clone(&redis),
-        db.clone(),
+        Arc::clone(&db),
         kill_txs,
         Arc::clone(&chaos_stats),
     ));
@@ -1405,14 +1749,15 @@ async fn chaos_every_order_executed_exactly_once() {
         let _ = s.await;
     }
 
+    let tables = db.tables().await;
     let audit = {
         let r = redis.lock().unwrap();
-        audit(&plan, &driver.tally, &db, &r)
+        audit(&plan, &driver.tally, &tables, &r)
     };
     let t = &driver.tally;
     let summary = format!(
-        "chaos: seed={seed} orders={n} deliveries={deliveries} attempts={} kills={} crashes={} \
-         redis_restarts={} redis_flushes={} redis_pauses={} db_outages={} conflicts={}/{} poison={}/{} \
+        "chaos: store={store_name} seed={seed} orders={n} deliveries={deliveries} attempts={} kills={} crashes={} \
+         redis_restarts={} redis_flushes={} redis_pauses={} db_outages={} engine_restarts={} conflicts={}/{} poison={}/{} \
          executed_once={} lost={} double={} mismatched={} positions_wrong={} \
          orphan_reservations={} undelivered={} timeouts={} start_failures={} elapsed={:.1}s",
         t.attempts.load(Ordering::Relaxed),
@@ -1422,6 +1767,7 @@ async fn chaos_every_order_executed_exactly_once() {
         chaos_stats.redis_flushes.load(Ordering::Relaxed),
         chaos_stats.redis_pauses.load(Ordering::Relaxed),
         chaos_stats.db_outages.load(Ordering::Relaxed),
+        chaos_stats.engine_restarts.load(Ordering::Relaxed),
         audit.conflicts_stored,
         plan.conflicts.len(),
         audit.poison_stored,

@@ -19,8 +19,7 @@ use std::time::Duration;
 
 use order_guard::order::{Order, OrderStatus};
 use order_guard::store::sqlserver::classify;
-use order_guard::store::sqlserver::connstr::SqlConnInfo;
-use order_guard::store::sqlserver::pool::{open_following_redirect, Client};
+use order_guard::store::sqlserver::pool::Client;
 use order_guard::store::{Admission, Execution, OrderStore, SqlServerStore, StoreError};
 use rust_decimal::Decimal;
 use serde_json::json;
@@ -42,13 +41,7 @@ fn dec(s: &str) -> Decimal {
     s.parse().unwrap()
 }
 
-/// A plain connection of the test's own, outside the store (to hold locks).
-async fn raw_client(cs: &str) -> Client {
-    let info = SqlConnInfo::parse(cs).unwrap();
-    open_following_redirect(info.tiberius_config())
-        .await
-        .expect("cannot open a test connection to ORDER_GUARD_TEST_MSSQL")
-}
+use common::mssql_raw_client as raw_client;
 
 async fn batch(client: &mut Client, sql: &str) -> Result<(), tiberius::error::Error> {
     client.simple_query(sql).await?.into_results().await?;
@@ -206,30 +199,6 @@ async fn a_deadlock_is_transient() {
     );
 }
 
-/// A new, empty database on the same engine, and its connection string.
-async fn fresh_database(cs: &str) -> String {
-    let name = format!("og_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = raw_client(cs).await;
-    batch(&mut admin, &format!("CREATE DATABASE [{name}]"))
-        .await
-        .expect("CREATE DATABASE on the test server");
-    let mut parts: Vec<String> = cs
-        .split(';')
-        .filter(|p| {
-            let key = p
-                .split('=')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase();
-            !p.trim().is_empty() && key != "initial catalog" && key != "database"
-        })
-        .map(str::to_string)
-        .collect();
-    parts.push(format!("Initial Catalog={name}"));
-    parts.join(";")
-}
-
 fn handler_command(cs: &str, args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(common::handler_binary());
     cmd.args(args)
@@ -249,7 +218,7 @@ async fn migrate_from_three_processes_at_once_on_a_new_database() {
         return;
     };
     let _serial = SERIAL.lock().await;
-    let db = fresh_database(&cs).await;
+    let db = common::mssql_fresh_database(&cs).await;
     let runs: Vec<_> = (0..3)
         .map(|_| handler_command(&db, &["migrate"]).output())
         .collect();
@@ -317,66 +286,13 @@ async fn duplicates_from_several_processes_at_once_execute_each_order_once() {
     );
 }
 
-/// An engine of this test's own on a free port, stopped and started by it.
-struct OwnEngine {
-    tool: String,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl OwnEngine {
-    fn command(&self, args: &[&str]) -> String {
-        let out = std::process::Command::new(&self.tool)
-            .args(args)
-            .args(["--port", &self.port.to_string()])
-            .env("TSQL_SERVER_DIR", self.dir.path())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.tool));
-        assert!(
-            out.status.success(),
-            "tsql-server {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-}
-
-impl Drop for OwnEngine {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(&self.tool)
-            .args(["stop", "--port", &self.port.to_string()])
-            .env("TSQL_SERVER_DIR", self.dir.path())
-            .output();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_engine_stopped_and_restarted_under_load_loses_nothing() {
     let Some(_) = common::mssql_connection_string() else {
         return;
     };
-    let tool = std::env::var("ORDER_GUARD_TSQL_SERVER").unwrap_or_else(|_| {
-        panic!(
-            "ORDER_GUARD_TSQL_SERVER is not set: this test stops and starts a T-SQL engine of \
-             its own and needs the tsql-server command (scripts/test.sh sets it)"
-        )
-    });
     let _serial = SERIAL.lock().await;
-    // Its own state folder, reachable by the engine's system user (not /root).
-    let dir = tempfile::Builder::new()
-        .prefix("og-engine-")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
-    let engine = OwnEngine {
-        tool,
-        port: common::free_port(),
-        dir,
-    };
+    let engine = common::OwnEngine::new();
     let cs = engine.command(&["start", "--database", "restart_test"]);
     let store: Arc<SqlServerStore> = common::mssql_store(&cs, Duration::from_secs(3)).await;
     let account = unique_id("acct");

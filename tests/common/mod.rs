@@ -236,6 +236,105 @@ pub async fn mssql_store(
     Arc::new(store)
 }
 
+/// A plain connection of the test's own on `cs`, outside any store (to hold
+/// locks, create databases, audit tables).
+pub async fn mssql_raw_client(cs: &str) -> order_guard::store::sqlserver::pool::Client {
+    let info = order_guard::store::sqlserver::connstr::SqlConnInfo::parse(cs).unwrap();
+    order_guard::store::sqlserver::pool::open_following_redirect(info.tiberius_config())
+        .await
+        .expect("cannot open a test connection to the SQL Server under test")
+}
+
+/// A new, empty database on the server of `cs`, and its connection string.
+pub async fn mssql_fresh_database(cs: &str) -> String {
+    let name = format!("og_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = mssql_raw_client(cs).await;
+    let created = async {
+        admin
+            .simple_query(format!("CREATE DATABASE [{name}]"))
+            .await?
+            .into_results()
+            .await
+    };
+    created.await.expect("CREATE DATABASE on the test server");
+    let mut parts: Vec<String> = cs
+        .split(';')
+        .filter(|p| {
+            let key = p
+                .split('=')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            !p.trim().is_empty() && key != "initial catalog" && key != "database"
+        })
+        .map(str::to_string)
+        .collect();
+    parts.push(format!("Initial Catalog={name}"));
+    parts.join(";")
+}
+
+/// A T-SQL engine of a test's own on a free port, in its own state folder,
+/// which the test may stop and start (`tsql-server`, named by
+/// `ORDER_GUARD_TSQL_SERVER`; `scripts/test.sh` sets it). Stopped when dropped.
+pub struct OwnEngine {
+    tool: String,
+    pub port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl OwnEngine {
+    /// Panics, saying what is missing, when the engine's command is not known.
+    pub fn new() -> OwnEngine {
+        let tool = std::env::var("ORDER_GUARD_TSQL_SERVER").unwrap_or_else(|_| {
+            panic!(
+                "ORDER_GUARD_TSQL_SERVER is not set: this test stops and starts a T-SQL engine \
+                 of its own and needs the tsql-server command (scripts/test.sh sets it)"
+            )
+        });
+        // Reachable by the engine's system user (so not under /root).
+        let dir = tempfile::Builder::new()
+            .prefix("og-engine-")
+            .tempdir_in("/tmp")
+            .expect("temp dir for the engine");
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .expect("chmod the engine's folder");
+        OwnEngine {
+            tool,
+            port: free_port(),
+            dir,
+        }
+    }
+
+    /// `start --database DB` (prints the ADO.NET string, returned) or `stop`.
+    pub fn command(&self, args: &[&str]) -> String {
+        let out = Command::new(&self.tool)
+            .args(args)
+            .args(["--port", &self.port.to_string()])
+            .env("TSQL_SERVER_DIR", self.dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.tool));
+        assert!(
+            out.status.success(),
+            "tsql-server {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for OwnEngine {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.tool)
+            .args(["stop", "--port", &self.port.to_string()])
+            .env("TSQL_SERVER_DIR", self.dir.path())
+            .output();
+    }
+}
+
 /// A unique order id for one test.
 pub fn unique_id(tag: &str) -> String {
     format!("{tag}-{}", uuid::Uuid::new_v4().simple())
