@@ -177,7 +177,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let (bound, server) = crate::host::bind(
         processor,
         addr,
-        config.max_body_bytes,
+        config.limits,
         shutdown_signal(),
         config.shutdown_grace,
     )?;

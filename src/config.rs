@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::guard::GuardSettings;
+use crate::host::Limits;
 use crate::processor::{GuardPolicy, ProcessorSettings};
 use crate::store::sqlserver::SqlServerSettings;
 
@@ -50,7 +51,7 @@ pub enum StoreConfig {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub port: u16,
-    pub max_body_bytes: usize,
+    pub limits: Limits,
     pub guard: GuardConfig,
     pub guard_settings: GuardSettings,
     pub redis_timeout: Duration,
@@ -130,6 +131,28 @@ impl Config {
                 format!("plus REDIS_TIMEOUT_MS ({redis_timeout}) must be at most 28000 ms, inside Event Grid's 30 s response window; got {deadline}"),
             ));
         }
+        if redis_timeout >= deadline {
+            return Err(err(
+                "REDIS_TIMEOUT_MS",
+                format!("must be shorter than INVOCATION_DEADLINE_MS ({deadline}), so a Redis call that hangs times out (and its reservation is disowned) before the event's deadline; got {redis_timeout}"),
+            ));
+        }
+        // On Azure the embedded state is wrong: the app root may be a
+        // read-only package mount or a shared file system where SQLite's
+        // locks are unsafe, and a memory guard or a local file is one per
+        // instance. Refuse to start rather than run that way by accident.
+        if val("WEBSITE_INSTANCE_ID").is_some()
+            && !allowed(val("ORDER_GUARD_ALLOW_EMBEDDED_STATE"))?
+        {
+            for var in ["REDIS_URL", "SQL_CONNECTION_STRING"] {
+                if val(var).is_none() {
+                    return Err(err(
+                        var,
+                        "is not set, and this runs in Azure (WEBSITE_INSTANCE_ID is set), where the embedded default (in-memory guard, SQLite file in the app root) is per instance and unsafe; set it in the app's Application settings, or set ORDER_GUARD_ALLOW_EMBEDDED_STATE=true to run on the embedded default anyway",
+                    ));
+                }
+            }
+        }
         let store = match val("SQL_CONNECTION_STRING") {
             None => StoreConfig::Sqlite {
                 path: PathBuf::from(DEFAULT_SQLITE_PATH),
@@ -157,8 +180,16 @@ impl Config {
         };
         Ok(Config {
             port,
-            max_body_bytes: num("MAX_BODY_BYTES", 4 * 1024 * 1024, 1024, 64 * 1024 * 1024)?
-                as usize,
+            limits: Limits {
+                max_body_bytes: num("MAX_BODY_BYTES", 4 * 1024 * 1024, 1024, 64 * 1024 * 1024)?
+                    as usize,
+                body_read_timeout: Duration::from_millis(num(
+                    "BODY_READ_TIMEOUT_MS",
+                    10_000,
+                    100,
+                    25_000,
+                )?),
+            },
             guard,
             guard_settings: GuardSettings {
                 prefix,
@@ -204,6 +235,18 @@ fn parse_num(var: &'static str, v: &str, min: u64, max: u64) -> Result<u64, Conf
 
 /// Accept a redis-rs URL, or translate Azure's StackExchange.Redis form
 /// `host:6380,password=KEY,ssl=True,abortConnect=False` into one.
+/// `ORDER_GUARD_ALLOW_EMBEDDED_STATE`: `true` or `false` (absent: false).
+fn allowed(v: Option<String>) -> Result<bool, ConfigError> {
+    match v.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(err(
+            "ORDER_GUARD_ALLOW_EMBEDDED_STATE",
+            format!("expected true or false, got {other:?}"),
+        )),
+    }
+}
+
 pub fn redis_url(v: &str) -> Result<String, ConfigError> {
     const VAR: &str = "REDIS_URL";
     if v.starts_with("redis://") || v.starts_with("rediss://") || v.starts_with("redis+unix://") {
@@ -304,6 +347,56 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(e.var, "GUARD_COMPLETED_TTL_SECONDS");
+        let e = config(&[
+            ("INVOCATION_DEADLINE_MS", "1000"),
+            ("REDIS_TIMEOUT_MS", "1000"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.var, "REDIS_TIMEOUT_MS");
+        assert!(
+            e.to_string()
+                .contains("shorter than INVOCATION_DEADLINE_MS"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn in_azure_the_embedded_state_is_refused_unless_allowed() {
+        let e = config(&[("WEBSITE_INSTANCE_ID", "abc123")]).unwrap_err();
+        assert_eq!(e.var, "REDIS_URL");
+        assert!(
+            e.to_string()
+                .contains("ORDER_GUARD_ALLOW_EMBEDDED_STATE=true"),
+            "{e}"
+        );
+        let e = config(&[
+            ("WEBSITE_INSTANCE_ID", "abc123"),
+            ("REDIS_URL", "redis://cache:6379"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.var, "SQL_CONNECTION_STRING");
+        let both = config(&[
+            ("WEBSITE_INSTANCE_ID", "abc123"),
+            ("REDIS_URL", "redis://cache:6379"),
+            (
+                "SQL_CONNECTION_STRING",
+                "Server=tcp:db,1433;Initial Catalog=o;User ID=u;Password=p",
+            ),
+        ]);
+        assert!(both.is_ok(), "{both:?}");
+        let allowed = config(&[
+            ("WEBSITE_INSTANCE_ID", "abc123"),
+            ("ORDER_GUARD_ALLOW_EMBEDDED_STATE", "true"),
+        ]);
+        assert!(matches!(allowed.map(|c| c.guard), Ok(GuardConfig::Memory)));
+        let e = config(&[
+            ("WEBSITE_INSTANCE_ID", "abc123"),
+            ("ORDER_GUARD_ALLOW_EMBEDDED_STATE", "yes please"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.var, "ORDER_GUARD_ALLOW_EMBEDDED_STATE");
+        // Outside Azure the embedded default needs nothing.
+        assert!(config(&[]).is_ok());
     }
 
     #[test]

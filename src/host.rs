@@ -89,10 +89,30 @@ fn refusal_response(r: Refusal) -> warp::reply::Response {
     invoke_response(r.status, vec![r.message.clone()], error)
 }
 
+/// Bounds on what one request may take (built by `config`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Larger bodies get 413 (`MAX_BODY_BYTES`).
+    pub max_body_bytes: usize,
+    /// A body not fully received in this time gets 408
+    /// (`BODY_READ_TIMEOUT_MS`): a slow or incomplete body (a
+    /// `Content-Length` larger than what is sent) cannot hold a connection.
+    pub body_read_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 4 * 1024 * 1024,
+            body_read_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 /// All routes: readiness, counters, the function, and JSON for everything else.
 pub fn routes(
     processor: Arc<Processor>,
-    max_body_bytes: usize,
+    limits: Limits,
 ) -> impl Filter<Extract = (warp::reply::Response,), Error = Infallible> + Clone {
     let ready = warp::get().and(warp::path::end()).map(|| {
         warp::reply::json(&json!({ "status": "ready", "function": FUNCTION_NAME })).into_response()
@@ -110,11 +130,10 @@ pub fn routes(
         .and_then(move |function: String, length: Option<u64>, body| {
             let processor = Arc::clone(&processor);
             async move {
-                let response =
-                    match invoke(&processor, &function, length, body, max_body_bytes).await {
-                        Ok(r) => r,
-                        Err(refusal) => refusal_response(refusal),
-                    };
+                let response = match invoke(&processor, &function, length, body, limits).await {
+                    Ok(r) => r,
+                    Err(refusal) => refusal_response(refusal),
+                };
                 Ok::<_, Rejection>(response)
             }
         });
@@ -152,7 +171,7 @@ async fn invoke<S, B>(
     function: &str,
     length: Option<u64>,
     body: S,
-    limit: usize,
+    limits: Limits,
 ) -> Result<warp::reply::Response, Refusal>
 where
     S: Stream<Item = Result<B, warp::Error>> + Unpin,
@@ -164,7 +183,20 @@ where
             format!("no function named {function:?}; this handler serves {FUNCTION_NAME}"),
         ));
     }
-    let bytes = read_body(body, length, limit).await?;
+    let bytes = tokio::time::timeout(
+        limits.body_read_timeout,
+        read_body(body, length, limits.max_body_bytes),
+    )
+    .await
+    .map_err(|_| {
+        Refusal::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} ms (BODY_READ_TIMEOUT_MS)",
+                limits.body_read_timeout.as_millis()
+            ),
+        )
+    })??;
     let trigger = trigger_value(&bytes)?;
     let result = processor.process_trigger(trigger).await;
     Ok(answer(result))
@@ -312,7 +344,7 @@ fn answer(result: TriggerResult) -> warp::reply::Response {
 pub fn bind(
     processor: Arc<Processor>,
     addr: SocketAddr,
-    max_body_bytes: usize,
+    limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> anyhow::Result<(SocketAddr, impl Future<Output = ()>)> {
@@ -325,7 +357,7 @@ pub fn bind(
         signalled.cancel();
     };
     let drained = stop.clone();
-    let (bound, server) = warp::serve(routes(processor, max_body_bytes))
+    let (bound, server) = warp::serve(routes(processor, limits))
         .try_bind_with_graceful_shutdown(addr, async move { drained.cancelled().await })
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     let run = async move {

@@ -26,7 +26,9 @@ use crate::event::{normalize, parse_envelope, Delivery};
 use crate::faults;
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
 use crate::order::{probable_order_id, Order};
-use crate::store::{Admission, Execution, OrderStore, Rejection, RejectionKind, StoreError};
+use crate::store::{
+    Admission, Execution, OrderRecord, OrderStore, Rejection, RejectionKind, StoreError,
+};
 
 /// How one event ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -332,14 +334,7 @@ impl Processor {
             }
             // Completed by a writer that left no fingerprint: the store decides.
             Acquisition::Completed { fingerprint: None } => None,
-            Acquisition::InProgress => {
-                return self.outcome(
-                    w,
-                    OutcomeKind::InProgress,
-                    Some("another worker holds this order; retry later".into()),
-                    guard_label,
-                )
-            }
+            Acquisition::InProgress => return self.held_elsewhere(w, guard_label).await,
             Acquisition::Unavailable(why) => {
                 self.counters
                     .guard_unavailable
@@ -385,6 +380,47 @@ impl Processor {
                 );
                 self.outcome(w, OutcomeKind::Retry, Some(why), guard_label)
             }
+        }
+    }
+
+    /// Another reservation holds the order. Its owner may be dead with the
+    /// order already done (killed after the commit, or its `complete` lost in
+    /// a Redis outage): the store decides. A terminal row with our content is
+    /// a `duplicate`, and `COMPLETADA` is written again so the next copy is
+    /// answered from Redis; other content is a `conflict`; anything else
+    /// (no row, still `Received`, the store unreachable) is `in_progress`.
+    async fn held_elsewhere(&self, w: &Work<'_>, guard_label: &'static str) -> Outcome {
+        let order = &w.order;
+        let row = tokio::time::timeout_at(w.deadline, self.store.order(&order.order_id)).await;
+        let row = match row {
+            Ok(Ok(row)) => row,
+            Ok(Err(_)) | Err(_) => None,
+        };
+        match held_elsewhere_verdict(row.as_ref(), order.fingerprint()) {
+            HeldElsewhere::Done => {
+                if let Err(e) = self
+                    .guard
+                    .complete(&order.order_id, order.fingerprint())
+                    .await
+                {
+                    self.counters.guard_errors.fetch_add(1, Ordering::Relaxed);
+                    log::warn!(
+                        "order {}: done, but the guard was not marked {}: {e}",
+                        order.order_id,
+                        crate::guard::COMPLETED
+                    );
+                }
+                self.outcome(w, OutcomeKind::Duplicate, None, guard_label)
+            }
+            HeldElsewhere::Conflict(existing) => {
+                self.conflict(w, existing, None, guard_label).await
+            }
+            HeldElsewhere::InProgress => self.outcome(
+                w,
+                OutcomeKind::InProgress,
+                Some("another worker holds this order; retry later".into()),
+                guard_label,
+            ),
         }
     }
 
@@ -586,6 +622,27 @@ impl Stop {
     #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     fn fault(point: &str, arg: Option<String>) -> Stop {
         Stop::Store(StoreError::Transient(faults::crash_or_error(point, arg)))
+    }
+}
+
+/// What a held reservation means, given the order's row (if it could be
+/// read) and the fingerprint of the order being delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeldElsewhere {
+    /// The same order is terminal in the store: a duplicate, whoever holds the key.
+    Done,
+    /// A different order holds this id in the store.
+    Conflict(String),
+    /// Nothing says the work is done: the holder may still be at it.
+    InProgress,
+}
+
+/// Pure decision for [`Processor`]'s `held_elsewhere`.
+pub fn held_elsewhere_verdict(row: Option<&OrderRecord>, fingerprint: &str) -> HeldElsewhere {
+    match row {
+        Some(r) if r.fingerprint != fingerprint => HeldElsewhere::Conflict(r.fingerprint.clone()),
+        Some(r) if r.status.is_terminal() => HeldElsewhere::Done,
+        _ => HeldElsewhere::InProgress,
     }
 }
 

@@ -540,6 +540,7 @@ async fn a_locked_database_cannot_hold_an_invocation_past_its_deadline() {
             // The busy timeout outlasts the deadline: the deadline must win.
             ("SQLITE_BUSY_TIMEOUT_MS", "20000".into()),
             ("INVOCATION_DEADLINE_MS", "500".into()),
+            ("REDIS_TIMEOUT_MS", "300".into()),
         ],
     )
     .await;

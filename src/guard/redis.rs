@@ -129,16 +129,46 @@ impl RedisGuard {
     /// Sent as a plain `EVAL`, not `EVALSHA`: a `NOSCRIPT` answer would make
     /// the client load the script and send it again *after* whatever was
     /// queued meanwhile (e.g. the redelivery's own acquire).
-    fn disown(&self, order_id: &str, token: &Token) {
+    fn disown(&self, order_id: &str, token: &Token) -> Disown {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(RELEASE)
             .arg(2)
             .arg(self.settings.key(order_id))
             .arg(self.settings.fingerprint_key(order_id))
             .arg(token.value());
-        let mut conn = self.conn.clone();
-        let bound = self.settings.processing_ttl;
-        tokio::spawn(async move {
+        Disown {
+            cmd: Some(cmd),
+            conn: self.conn.clone(),
+            bound: self.settings.processing_ttl,
+        }
+    }
+}
+
+/// The compare-and-delete of an acquire's token, sent unless the acquire's
+/// answer came back ([`Disown::answered`]). Sent on drop, so an acquire whose
+/// future is dropped half-way (the event's deadline, a cancelled invocation)
+/// is disowned exactly like one that timed out.
+struct Disown {
+    cmd: Option<redis::Cmd>,
+    conn: ConnectionManager,
+    bound: Duration,
+}
+
+impl Disown {
+    /// The acquire's answer arrived: nothing to disown.
+    fn answered(mut self) {
+        self.cmd = None;
+    }
+}
+
+impl Drop for Disown {
+    fn drop(&mut self) {
+        let Some(cmd) = self.cmd.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // shutting down: the reservation expires by its TTL
+        };
+        let (mut conn, bound) = (self.conn.clone(), self.bound);
+        runtime.spawn(async move {
             // Only sending it matters; the answer may never come.
             let _ = tokio::time::timeout(bound, cmd.query_async::<i64>(&mut conn)).await;
         });
@@ -154,14 +184,23 @@ impl IdempotencyGuard for RedisGuard {
     async fn acquire(&self, order_id: &str) -> Acquisition {
         let token = Token::new();
         let ttl = self.settings.processing_ttl.as_secs().max(1).to_string();
+        // Armed before the script is sent: if this future is dropped or the
+        // call fails, the token is disowned.
+        let disown = self.disown(order_id, &token);
         let reply: Result<(i64, Option<String>, Option<String>), GuardError> = self
             .run(&self.acquire, order_id, &[&token.value(), &ttl])
             .await;
         match reply {
-            Ok((1, _, _)) => Acquisition::Acquired(token),
-            Ok((_, value, fingerprint)) => classify_existing(value, fingerprint),
+            Ok((1, _, _)) => {
+                disown.answered();
+                Acquisition::Acquired(token)
+            }
+            Ok((_, value, fingerprint)) => {
+                disown.answered();
+                classify_existing(value, fingerprint)
+            }
             Err(e) => {
-                self.disown(order_id, &token);
+                drop(disown);
                 Acquisition::Unavailable(e.0)
             }
         }

@@ -392,11 +392,22 @@ pub struct Handler {
 
 impl Handler {
     pub async fn start(processor: Arc<Processor>, max_body: usize) -> Handler {
+        let limits = order_guard::host::Limits {
+            max_body_bytes: max_body,
+            ..Default::default()
+        };
+        Handler::start_with(processor, limits).await
+    }
+
+    pub async fn start_with(
+        processor: Arc<Processor>,
+        limits: order_guard::host::Limits,
+    ) -> Handler {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let (addr, server) = order_guard::host::bind(
             Arc::clone(&processor),
             SocketAddr::from(([127, 0, 0, 1], 0)),
-            max_body,
+            limits,
             async move {
                 let _ = rx.await;
             },

@@ -1,0 +1,147 @@
+//! Liveness at the edges (no order stuck, none acknowledged without its
+//! effect), with real components: a real `redis-server`, real SQLite files,
+//! the real HTTP host.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use order_guard::guard::{Acquisition, GuardSettings, IdempotencyGuard, RedisGuard};
+use order_guard::order::Order;
+use order_guard::processor::OutcomeKind;
+use order_guard::store::OrderStore;
+
+use common::{eg_event, order_data, unique_id, RedisServer};
+
+/// A reservation left by a worker that died after the commit (its
+/// `complete` never ran): a redelivery is a `duplicate` at once, not
+/// `in_progress` for the whole processing TTL, and `COMPLETADA` is written
+/// again; a different order under that id is a stored `conflict`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_reservation_never_blocks_an_order_that_is_already_done() {
+    let redis = RedisServer::start();
+    let (store, _dir) = common::sqlite_store().await;
+    let guard = common::redis_guard(&redis, GuardSettings::default());
+    let processor = common::processor(guard, store.clone());
+    let id = unique_id("orphan");
+    let data = order_data(&id, "buy", "MSFT", "3", "acct-orphan");
+    let order = Order::from_data(&data).unwrap();
+    // The dead worker: reserved, accepted and executed, then killed.
+    store.accept(&order, "e-first").await.unwrap();
+    store.execute(&order).await.unwrap();
+    let key = GuardSettings::default().key(&id);
+    redis.cmd(&["SET", &key, "PROCESANDO:dead-worker-token", "EX", "300"]);
+
+    let o = processor.process_event(&eg_event(data.clone())).await;
+    assert_eq!(o.outcome, OutcomeKind::Duplicate, "{o:?}");
+    assert_eq!(redis.get(&key).as_deref(), Some("COMPLETADA"));
+    assert!(
+        redis.ttl(&key) > 300,
+        "the completed TTL, not the reservation's"
+    );
+
+    // The same reservation held over a different order with this id.
+    redis.cmd(&["SET", &key, "PROCESANDO:dead-worker-token", "EX", "300"]);
+    let other = order_data(&id, "sell", "MSFT", "9", "acct-orphan");
+    let o = processor.process_event(&eg_event(other)).await;
+    assert_eq!(o.outcome, OutcomeKind::Conflict, "{o:?}");
+    assert_eq!(store.rejections(Some(&id)).await.unwrap().len(), 1);
+
+    // A reservation over an order the store has not finished stays `in_progress`.
+    let pending = unique_id("pending");
+    let pending_data = order_data(&pending, "buy", "MSFT", "1", "acct-orphan");
+    store
+        .accept(&Order::from_data(&pending_data).unwrap(), "e")
+        .await
+        .unwrap();
+    let pending_key = GuardSettings::default().key(&pending);
+    redis.cmd(&["SET", &pending_key, "PROCESANDO:live-token", "EX", "300"]);
+    let o = processor.process_event(&eg_event(pending_data)).await;
+    assert_eq!(o.outcome, OutcomeKind::InProgress, "{o:?}");
+    assert_eq!(
+        redis.get(&pending_key).as_deref(),
+        Some("PROCESANDO:live-token"),
+        "a live holder's reservation is left alone"
+    );
+}
+
+/// An acquire whose future is dropped before Redis answered (the event's
+/// deadline, a cancelled invocation) is disowned like one that timed out:
+/// when the hung Redis resumes and runs the queued acquire, the reservation
+/// it makes is deleted right after, instead of blocking every redelivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_acquire_is_always_disowned() {
+    let redis = RedisServer::start();
+    // The guard's own timeout is long: only the cancellation can end the call.
+    let guard = Arc::new(
+        RedisGuard::new(
+            &redis.url(),
+            GuardSettings::default(),
+            Duration::from_secs(30),
+        )
+        .unwrap(),
+    );
+    let id = unique_id("cancelled");
+    // Connect and load the acquire script first (an acquire of another
+    // order), so the acquire below is queued on a live connection as an
+    // EVALSHA that Redis runs as soon as it resumes.
+    assert!(matches!(
+        guard.acquire(&unique_id("warm-up")).await,
+        Acquisition::Acquired(_)
+    ));
+    let pid = redis.pid().expect("redis-server is running");
+    common::signal(pid, "STOP");
+    let acquire = tokio::time::timeout(Duration::from_millis(200), guard.acquire(&id)).await;
+    assert!(
+        acquire.is_err(),
+        "Redis is paused: the acquire cannot finish"
+    );
+    common::signal(pid, "CONT");
+    // Redis now runs the queued acquire, then the disowning delete. Wait for
+    // the key to be gone (bounded): the observable outcome, not a guess.
+    let started = std::time::Instant::now();
+    loop {
+        match guard.inspect(&id).await.unwrap().value {
+            None => break,
+            Some(v) => assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the cancelled acquire's reservation is still there: {v}"
+            ),
+        }
+        tokio::task::yield_now().await;
+    }
+    // And the order can be reserved at once.
+    assert!(matches!(guard.acquire(&id).await, Acquisition::Acquired(_)));
+}
+
+/// A body that never finishes arriving (a `Content-Length` larger than what
+/// is sent) is answered 408 with a JSON reason within the body read timeout,
+/// instead of holding the connection until the client gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incomplete_body_cannot_hold_a_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (store, _dir) = common::sqlite_store().await;
+    let processor = common::processor(common::memory_guard(), store);
+    let limits = order_guard::host::Limits {
+        body_read_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let handler = common::Handler::start_with(processor, limits).await;
+    let mut conn = tokio::net::TcpStream::connect(handler.addr).await.unwrap();
+    conn.write_all(
+        b"POST /OrderTrigger HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 1000\r\n\r\n{\"Data\":",
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no answer: the connection is held");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("BODY_READ_TIMEOUT_MS"), "{text}");
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert!(json["ReturnValue"]["error"].is_string(), "{json}");
+}
