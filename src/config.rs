@@ -195,6 +195,9 @@ impl Config {
                 prefix,
                 processing_ttl: Duration::from_secs(processing_ttl),
                 completed_ttl: Duration::from_secs(completed_ttl),
+                // The owner answers its event by its deadline: past it, its
+                // reservation may be taken over.
+                lease: Duration::from_millis(deadline),
             },
             redis_timeout: Duration::from_millis(redis_timeout),
             store,

@@ -139,6 +139,7 @@ pub struct Counters {
     outcomes: [AtomicU64; 6],
     guard_unavailable: AtomicU64,
     guard_errors: AtomicU64,
+    takeovers: AtomicU64,
 }
 
 /// A point-in-time copy of [`Counters`].
@@ -154,6 +155,8 @@ pub struct CountersSnapshot {
     pub guard_unavailable: u64,
     /// Complete/release calls that failed (the store stayed the truth).
     pub guard_errors: u64,
+    /// Reservations taken over from an owner past its deadline.
+    pub takeovers: u64,
 }
 
 impl Counters {
@@ -172,6 +175,7 @@ impl Counters {
             retry: o(OutcomeKind::Retry),
             guard_unavailable: self.guard_unavailable.load(Ordering::Relaxed),
             guard_errors: self.guard_errors.load(Ordering::Relaxed),
+            takeovers: self.takeovers.load(Ordering::Relaxed),
         }
     }
 }
@@ -323,6 +327,14 @@ impl Processor {
             .unwrap_or_else(|_| Acquisition::Unavailable("internal deadline passed".into()));
         let token = match acquired {
             Acquisition::Acquired(t) => Some(t),
+            Acquisition::TakenOver(t) => {
+                self.counters.takeovers.fetch_add(1, Ordering::Relaxed);
+                log::warn!(
+                    "order {}: took over a reservation whose owner passed its deadline (a worker killed or stuck); the store decides what is left to do",
+                    order.order_id
+                );
+                Some(t)
+            }
             Acquisition::Completed {
                 fingerprint: Some(fp),
             } => {

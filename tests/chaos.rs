@@ -53,8 +53,11 @@ const HANDLERS: usize = 3;
 const DEFAULT_ORDERS: usize = 300;
 /// Orders in a default SQL Server run (CI's short one).
 const DEFAULT_MSSQL_ORDERS: usize = 200;
-/// Short, so a crashed worker's reservation clears quickly.
-const PROCESSING_TTL_SECONDS: i64 = 3;
+/// The production default: a killed worker's reservation is taken over at
+/// its owner's deadline ([`DEADLINE_MS`]), not at this TTL.
+const PROCESSING_TTL_SECONDS: i64 = 300;
+/// The handlers' per-event deadline, which is also a reservation's lease.
+const DEADLINE_MS: u64 = 5000;
 /// Event Grid's default maximum delivery attempts.
 const MAX_ATTEMPTS: u32 = 30;
 /// The harness's function timeout: no answer by then = failed + handler restarted.
@@ -704,6 +707,10 @@ struct Tally {
     conflict_acks: Mutex<HashMap<usize, i64>>,
     poison_acks: Mutex<HashMap<usize, i64>>,
     outcomes: Mutex<BTreeMap<String, u64>>,
+    /// For deliveries whose handler died mid-invocation and whose retries
+    /// then met the orphaned reservation (`in_progress`): how long from the
+    /// death to the 2xx (the takeover at the owner's deadline ends the wait).
+    orphan_waits: Mutex<Vec<Duration>>,
 }
 
 struct Driver {
@@ -737,6 +744,10 @@ impl Driver {
             tokio::time::sleep_until((started + d.start_at).into()).await;
         }
         let body = serde_json::to_vec(&common::invocation(d.trigger.clone())).unwrap();
+        // When this delivery's handler died under it, and whether a retry then
+        // found the order held by the dead worker's reservation.
+        let mut died_at: Option<Instant> = None;
+        let mut blocked = false;
         for attempt in 0..MAX_ATTEMPTS {
             let slot = rng.gen_range(0..self.ports.len());
             let url = format!("http://127.0.0.1:{}/OrderTrigger", self.ports[slot]);
@@ -757,10 +768,14 @@ impl Driver {
                     Verdict::Succeeded(v) => {
                         self.judge_success(&d, &v);
                         self.tally.acked.fetch_add(1, Ordering::Relaxed);
+                        if let (Some(t), true) = (died_at, blocked) {
+                            self.tally.orphan_waits.lock().unwrap().push(t.elapsed());
+                        }
                         return;
                     }
                     Verdict::Failed { status, body } => {
-                        self.judge_failure(&d, status, body.as_ref(), &raw.bytes);
+                        let held = self.judge_failure(&d, status, body.as_ref(), &raw.bytes);
+                        blocked |= held && died_at.is_some();
                     }
                     Verdict::Hang => problem(
                         &self.problems,
@@ -774,6 +789,7 @@ impl Driver {
                     // The host fails the invocation and restarts the handler.
                     self.tally.timeouts.fetch_add(1, Ordering::Relaxed);
                     self.stats.timeout_restarts.fetch_add(1, Ordering::Relaxed);
+                    died_at.get_or_insert_with(Instant::now);
                     let (tx, rx) = oneshot::channel();
                     if self.kill_txs[slot].send(tx).is_ok() {
                         let _ = rx.await;
@@ -781,6 +797,7 @@ impl Driver {
                 }
                 Err(_) => {
                     self.tally.connection_errors.fetch_add(1, Ordering::Relaxed);
+                    died_at.get_or_insert_with(Instant::now);
                 }
             }
             tokio::time::sleep(backoff(attempt, &mut rng)).await;
@@ -869,7 +886,9 @@ impl Driver {
         }
     }
 
-    fn judge_failure(&self, d: &Delivery, status: u16, body: Option<&Value>, bytes: &[u8]) {
+    /// Judge a failed answer; true when an event was `in_progress` (held by
+    /// another reservation).
+    fn judge_failure(&self, d: &Delivery, status: u16, body: Option<&Value>, bytes: &[u8]) -> bool {
         if status != 500 {
             // 400/413 are not retried by Event Grid: the order would be lost.
             problem(
@@ -880,15 +899,17 @@ impl Driver {
                     String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
                 ),
             );
-            return;
+            return false;
         }
         self.tally.failed_500.fetch_add(1, Ordering::Relaxed);
         let results = body.and_then(|b| self.results(d, b)).unwrap_or_default();
         let mut asks_redelivery = false;
+        let mut held = false;
         for r in results {
             let outcome = r.get("outcome").and_then(Value::as_str).unwrap_or("?");
             self.count_outcome(outcome);
             asks_redelivery |= matches!(outcome, "in_progress" | "retry");
+            held |= outcome == "in_progress";
         }
         if !asks_redelivery {
             problem(
@@ -900,6 +921,7 @@ impl Driver {
                 ),
             );
         }
+        held
     }
 }
 
@@ -1674,7 +1696,7 @@ async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
             ("GUARD_COMPLETED_TTL_SECONDS", "3600".into()),
             ("REDIS_TIMEOUT_MS", "300".into()),
             ("SQLITE_BUSY_TIMEOUT_MS", "400".into()),
-            ("INVOCATION_DEADLINE_MS", "5000".into()),
+            ("INVOCATION_DEADLINE_MS", DEADLINE_MS.to_string()),
             ("SHUTDOWN_GRACE_SECONDS", "5".into()),
             ("RUST_LOG", "info".into()),
             ("FAILPOINTS", FAILPOINTS.into()),
@@ -1755,11 +1777,14 @@ async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
         audit(&plan, &driver.tally, &tables, &r)
     };
     let t = &driver.tally;
+    let mut waits = t.orphan_waits.lock().unwrap().clone();
+    waits.sort();
     let summary = format!(
         "chaos: store={store_name} seed={seed} orders={n} deliveries={deliveries} attempts={} kills={} crashes={} \
          redis_restarts={} redis_flushes={} redis_pauses={} db_outages={} engine_restarts={} conflicts={}/{} poison={}/{} \
          executed_once={} lost={} double={} mismatched={} positions_wrong={} \
-         orphan_reservations={} undelivered={} timeouts={} start_failures={} elapsed={:.1}s",
+         orphan_reservations={} undelivered={} timeouts={} start_failures={} \
+         orphan_waits={} orphan_wait_median={:.1}s orphan_wait_max={:.1}s elapsed={:.1}s",
         t.attempts.load(Ordering::Relaxed),
         stats.kills.load(Ordering::Relaxed),
         stats.crashes.load(Ordering::Relaxed),
@@ -1781,6 +1806,9 @@ async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
         t.undelivered.load(Ordering::Relaxed),
         t.timeouts.load(Ordering::Relaxed),
         stats.start_failures.load(Ordering::Relaxed),
+        waits.len(),
+        waits.get(waits.len() / 2).map_or(0.0, Duration::as_secs_f64),
+        waits.last().map_or(0.0, Duration::as_secs_f64),
         elapsed.as_secs_f64(),
     );
     // Straight to stderr: the summary shows in every run, not only with

@@ -15,6 +15,7 @@ fn settings(processing: u64, completed: u64) -> GuardSettings {
         prefix: "orden:".into(),
         processing_ttl: Duration::from_secs(processing),
         completed_ttl: Duration::from_secs(completed),
+        ..GuardSettings::default()
     }
 }
 
@@ -152,8 +153,28 @@ async fn redis_keys_follow_the_seed_protocol() {
     let g = common::redis_guard(&server, settings(300, 86_400));
     let id = unique_id("o");
     let t = token(g.acquire(&id).await);
-    assert_eq!(server.get(&format!("orden:{id}")), Some(t.value()));
     assert!(t.value().starts_with("PROCESANDO:"));
+    // PROCESANDO:<token>:<owner's deadline, ms on the server's clock>.
+    let value = server.get(&format!("orden:{id}")).expect("reservation");
+    let deadline: u64 = value
+        .strip_prefix(&format!("{}:", t.value()))
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("want PROCESANDO:<token>:<deadline ms>, got {value}"));
+    let now_ms = match server.cmd(&["TIME"]) {
+        redis::Value::Array(parts) => {
+            let n = |v: &redis::Value| match v {
+                redis::Value::BulkString(b) => String::from_utf8_lossy(b).parse::<u64>().unwrap(),
+                other => panic!("TIME part {other:?}"),
+            };
+            n(&parts[0]) * 1000 + n(&parts[1]) / 1000
+        }
+        other => panic!("TIME answered {other:?}"),
+    };
+    let lease = GuardSettings::default().lease.as_millis() as u64;
+    assert!(
+        deadline <= now_ms + lease && deadline + 5_000 >= now_ms + lease,
+        "deadline {deadline} vs now {now_ms} + lease {lease}"
+    );
     let ttl = server.ttl(&format!("orden:{id}"));
     assert!((295..=300).contains(&ttl), "processing TTL {ttl}");
     g.complete(&id, "abc").await.unwrap();

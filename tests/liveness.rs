@@ -145,3 +145,110 @@ async fn an_incomplete_body_cannot_hold_a_connection() {
     let json: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
     assert!(json["ReturnValue"]["error"].is_string(), "{json}");
 }
+
+/// Both guards: a reservation whose owner's deadline has passed is taken
+/// over in the acquire itself (not at the processing TTL); the overtaken
+/// owner's release cannot delete the new owner's reservation, the new
+/// owner's can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_owners_reservation_is_taken_over_at_its_deadline() {
+    let redis = RedisServer::start();
+    let settings = GuardSettings {
+        lease: Duration::from_millis(300),
+        ..GuardSettings::default() // processing TTL 300 s
+    };
+    let guards: Vec<Arc<dyn IdempotencyGuard>> = vec![
+        Arc::new(RedisGuard::new(&redis.url(), settings.clone(), Duration::from_secs(2)).unwrap()),
+        Arc::new(order_guard::guard::MemoryGuard::new(settings.clone())),
+    ];
+    for guard in guards {
+        let id = unique_id("takeover");
+        let Acquisition::Acquired(dead) = guard.acquire(&id).await else {
+            panic!("{}: first acquire", guard.name())
+        };
+        assert_eq!(
+            guard.acquire(&id).await,
+            Acquisition::InProgress,
+            "{}",
+            guard.name()
+        );
+        // Let the owner's deadline pass: the very thing under test.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let Acquisition::TakenOver(next) = guard.acquire(&id).await else {
+            panic!("{}: want a takeover after the deadline", guard.name())
+        };
+        let entry = guard.inspect(&id).await.unwrap();
+        assert!(
+            entry
+                .value
+                .as_deref()
+                .unwrap_or("")
+                .starts_with(&next.value()),
+            "{}: {entry:?}",
+            guard.name()
+        );
+        assert!(
+            entry.ttl_seconds.unwrap_or(0) > 250,
+            "{}: a fresh TTL",
+            guard.name()
+        );
+        assert!(
+            !guard.release(&id, &dead).await.unwrap(),
+            "{}",
+            guard.name()
+        );
+        assert!(
+            guard.inspect(&id).await.unwrap().value.is_some(),
+            "{}",
+            guard.name()
+        );
+        assert!(guard.release(&id, &next).await.unwrap(), "{}", guard.name());
+        assert_eq!(
+            guard.inspect(&id).await.unwrap().value,
+            None,
+            "{}",
+            guard.name()
+        );
+    }
+}
+
+/// A worker killed after acquiring: its order is executed by the first
+/// redelivery after the owner's deadline, exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_order_executes_after_the_deadline_not_the_ttl() {
+    let redis = RedisServer::start();
+    let (store, _dir) = common::sqlite_store().await;
+    let settings = GuardSettings {
+        lease: Duration::from_millis(300),
+        ..GuardSettings::default()
+    };
+    let guard = common::redis_guard(&redis, settings);
+    let processor = common::processor(guard.clone(), store.clone());
+    let id = unique_id("killed");
+    let data = order_data(&id, "buy", "MSFT", "2", "acct-killed");
+    // The killed worker: reserved, accepted, never executed or released.
+    assert!(matches!(guard.acquire(&id).await, Acquisition::Acquired(_)));
+    store
+        .accept(&Order::from_data(&data).unwrap(), "e-killed")
+        .await
+        .unwrap();
+    let event = eg_event(data);
+    assert_eq!(
+        processor.process_event(&event).await.outcome,
+        OutcomeKind::InProgress
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        processor.process_event(&event).await.outcome,
+        OutcomeKind::Executed
+    );
+    assert_eq!(processor.counters().takeovers, 1);
+    assert_eq!(
+        processor.process_event(&event).await.outcome,
+        OutcomeKind::Duplicate
+    );
+    assert_eq!(
+        store.position("acct-killed", "MSFT").await.unwrap(),
+        Some(2.into())
+    );
+}

@@ -1,5 +1,6 @@
 //! `MemoryGuard`: the embedded default. Same semantics as Redis (NX, owner
-//! token, TTL expiry) inside one process; nothing is shared between processes.
+//! token, owner's deadline and takeover, TTL expiry) inside one process;
+//! nothing is shared between processes.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -16,6 +17,8 @@ struct Entry {
     value: String,
     fingerprint: Option<String>,
     expires_at: Instant,
+    /// A reservation's owner's deadline: past it, it may be taken over.
+    owner_deadline: Option<Instant>,
 }
 
 /// In-process guard with TTL expiry.
@@ -73,8 +76,12 @@ impl IdempotencyGuard for MemoryGuard {
         let now = Instant::now();
         let mut entries = self.entries();
         entries.maybe_sweep(now);
+        let mut taken_over = false;
         if let Some(e) = entries.live(order_id, now) {
-            return classify_existing(Some(e.value.clone()), e.fingerprint.clone());
+            match e.owner_deadline {
+                Some(deadline) if deadline < now => taken_over = true,
+                _ => return classify_existing(Some(e.value.clone()), e.fingerprint.clone()),
+            }
         }
         let token = Token::new();
         entries.map.insert(
@@ -83,9 +90,14 @@ impl IdempotencyGuard for MemoryGuard {
                 value: token.value(),
                 fingerprint: None,
                 expires_at: now + self.settings.processing_ttl,
+                owner_deadline: Some(now + self.settings.lease.min(self.settings.processing_ttl)),
             },
         );
-        Acquisition::Acquired(token)
+        if taken_over {
+            Acquisition::TakenOver(token)
+        } else {
+            Acquisition::Acquired(token)
+        }
     }
 
     async fn complete(&self, order_id: &str, fingerprint: &str) -> Result<(), GuardError> {
@@ -96,6 +108,7 @@ impl IdempotencyGuard for MemoryGuard {
                 value: COMPLETED.to_string(),
                 fingerprint: Some(fingerprint.to_string()),
                 expires_at: now + self.settings.completed_ttl,
+                owner_deadline: None,
             },
         );
         Ok(())
@@ -120,6 +133,7 @@ impl IdempotencyGuard for MemoryGuard {
         match entries.live(order_id, now) {
             Some(e) if e.value == token.value() => {
                 e.expires_at = now + ttl;
+                e.owner_deadline = Some(now + self.settings.lease.min(ttl));
                 Ok(true)
             }
             _ => Ok(false),

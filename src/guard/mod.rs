@@ -11,6 +11,17 @@
 //! Beside the guard key, `complete` stores the order's fingerprint under a
 //! companion key so that a *different* order reusing a completed id is reported
 //! as a conflict without a database round trip.
+//!
+//! **Takeover at the owner's deadline.** A reservation carries its owner's
+//! deadline (`PROCESANDO:<token>:<deadline>`, the guard's clock: Redis'
+//! `TIME`): the owner answers its event by then, done or not
+//! ([`GuardSettings::lease`] = the processor's per-event deadline). An acquire
+//! that finds a reservation past its deadline replaces it in the same atomic
+//! step, so a killed worker's order waits for its deadline, not for the
+//! processing TTL. An owner still alive after being overtaken is harmless:
+//! the store's unique index and forward-only update decide who executes, its
+//! `release` deletes only its own token, and its `complete` records only
+//! what the store made true.
 
 mod memory;
 mod redis;
@@ -44,7 +55,8 @@ impl Token {
         )
     }
 
-    /// The key's value while this token holds it: `PROCESANDO:<token>`.
+    /// What identifies this token's reservation: `PROCESANDO:<token>`; the
+    /// stored value adds the owner's deadline after one more `:`.
     pub fn value(&self) -> String {
         format!("{PROCESSING}:{}", self.0)
     }
@@ -61,6 +73,9 @@ impl Default for Token {
 pub enum Acquisition {
     /// The reservation is ours: process the order.
     Acquired(Token),
+    /// The reservation is ours, taken over from an owner past its deadline
+    /// (dead, or alive and harmless): process the order.
+    TakenOver(Token),
     /// The order is done; `fingerprint` is what was completed (when known).
     Completed { fingerprint: Option<String> },
     /// Another worker holds the reservation.
@@ -92,6 +107,10 @@ pub struct GuardSettings {
     pub processing_ttl: Duration,
     /// How long `COMPLETADA` absorbs late duplicates (default 24 h).
     pub completed_ttl: Duration,
+    /// The owner's deadline, counted from the acquire: past it the
+    /// reservation may be taken over. The processor's per-event deadline
+    /// (default 20 s); never longer than `processing_ttl` in effect.
+    pub lease: Duration,
 }
 
 impl Default for GuardSettings {
@@ -100,6 +119,7 @@ impl Default for GuardSettings {
             prefix: "orden:".into(),
             processing_ttl: Duration::from_secs(300),
             completed_ttl: Duration::from_secs(86_400),
+            lease: Duration::from_secs(20),
         }
     }
 }

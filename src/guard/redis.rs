@@ -16,13 +16,31 @@ use super::{
     COMPLETED,
 };
 
-/// SET NX EX; on failure read the holder's value and the completed
-/// fingerprint in the same script (keys cannot expire mid-script).
+/// SET NX EX of `PROCESANDO:<token>:<deadline ms>` (the deadline on the
+/// server's clock: `TIME` + the lease); on failure, take over a reservation
+/// whose owner's deadline has passed, or read the holder's value and the
+/// completed fingerprint, all in the same script (keys cannot expire
+/// mid-script). Replies `{1}` acquired, `{2, old}` taken over, `{0, value,
+/// fingerprint}` held. `replicate_commands` lets Redis 6 write after `TIME`
+/// (effects replication; the default, and a no-op, from Redis 7).
+/// ARGV: token value, processing TTL (s), lease (ms).
 const ACQUIRE: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+redis.replicate_commands()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local value = ARGV[1] .. ':' .. (now + tonumber(ARGV[3]))
+if redis.call('SET', KEYS[1], value, 'NX', 'EX', ARGV[2]) then
   return {1, false, false}
 end
-return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, 11) == 'PROCESANDO:' then
+  local deadline = tonumber(string.match(held, '^PROCESANDO:[^:]+:(%d+)$'))
+  if deadline and deadline < now then
+    redis.call('SET', KEYS[1], value, 'EX', ARGV[2])
+    return {2, held, false}
+  end
+end
+return {0, held, redis.call('GET', KEYS[2])}
 ";
 
 const COMPLETE: &str = r"
@@ -31,18 +49,28 @@ redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
 return 1
 ";
 
-/// Compare-and-delete: never delete another worker's reservation.
+/// Compare-and-delete: never delete another worker's reservation. The
+/// value is ours when it is our token, followed by our deadline (or by
+/// nothing: a reservation made before deadlines were stored).
 const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v and (v == ARGV[1] or string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ':') then
   return redis.call('DEL', KEYS[1])
 end
 return 0
 ";
 
-/// Compare-and-expire: only the owner may extend its reservation.
+/// Compare-and-renew: only the owner may extend its reservation, which moves
+/// its deadline (server time + lease) and its TTL.
+/// ARGV: token value, processing TTL (s), lease (ms).
 const EXTEND: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('EXPIRE', KEYS[1], ARGV[2])
+local v = redis.call('GET', KEYS[1])
+if v and (v == ARGV[1] or string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. ':') then
+  redis.replicate_commands()
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. (now + tonumber(ARGV[3])), 'EX', ARGV[2])
+  return 1
 end
 return 0
 ";
@@ -91,6 +119,15 @@ impl RedisGuard {
             extend: Script::new(EXTEND),
             inspect: Script::new(INSPECT),
         })
+    }
+
+    /// The lease in milliseconds, never past the processing TTL.
+    fn lease_ms(&self) -> String {
+        self.settings
+            .lease
+            .min(self.settings.processing_ttl)
+            .as_millis()
+            .to_string()
     }
 
     /// Run `script` on the order's two keys with `args`, bounded by the timeout.
@@ -184,16 +221,21 @@ impl IdempotencyGuard for RedisGuard {
     async fn acquire(&self, order_id: &str) -> Acquisition {
         let token = Token::new();
         let ttl = self.settings.processing_ttl.as_secs().max(1).to_string();
+        let lease = self.lease_ms();
         // Armed before the script is sent: if this future is dropped or the
         // call fails, the token is disowned.
         let disown = self.disown(order_id, &token);
         let reply: Result<(i64, Option<String>, Option<String>), GuardError> = self
-            .run(&self.acquire, order_id, &[&token.value(), &ttl])
+            .run(&self.acquire, order_id, &[&token.value(), &ttl, &lease])
             .await;
         match reply {
             Ok((1, _, _)) => {
                 disown.answered();
                 Acquisition::Acquired(token)
+            }
+            Ok((2, _, _)) => {
+                disown.answered();
+                Acquisition::TakenOver(token)
             }
             Ok((_, value, fingerprint)) => {
                 disown.answered();
@@ -221,7 +263,8 @@ impl IdempotencyGuard for RedisGuard {
 
     async fn extend(&self, order_id: &str, token: &Token) -> Result<bool, GuardError> {
         let ttl = self.settings.processing_ttl.as_secs().max(1).to_string();
-        self.run::<i64>(&self.extend, order_id, &[&token.value(), &ttl])
+        let lease = self.lease_ms();
+        self.run::<i64>(&self.extend, order_id, &[&token.value(), &ttl, &lease])
             .await
             .map(|n| n == 1)
     }
