@@ -252,3 +252,98 @@ async fn a_killed_workers_order_executes_after_the_deadline_not_the_ttl() {
         Some(2.into())
     );
 }
+
+/// A burst of several times the SQLite writer's capacity, from callers that
+/// give up after a short deadline as the processor does: the writer sheds
+/// (calls past the queue bound are answered `retry` at once, calls whose
+/// caller is gone are skipped), and right after the burst a call succeeds
+/// again instead of waiting behind work nobody waits for. Prints the
+/// figures; `BURST_SECONDS` (default 2) sets the burst's length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_beyond_the_sqlite_writers_capacity_is_shed_and_recovers() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let seconds: u64 = std::env::var("BURST_SECONDS")
+        .ok()
+        .map(|v| v.parse().expect("BURST_SECONDS must be a whole number"))
+        .unwrap_or(2);
+    let (store, _dir) = common::sqlite_store().await;
+    let deadline = Duration::from_millis(100);
+    let (ok, late, refused) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    async fn call(
+        store: Arc<order_guard::store::SqliteStore>,
+        deadline: Duration,
+    ) -> Result<
+        Result<order_guard::store::Admission, order_guard::store::StoreError>,
+        tokio::time::error::Elapsed,
+    > {
+        let data = order_data(&unique_id("burst"), "buy", "MSFT", "1", "acct-burst");
+        let order = Order::from_data(&data).unwrap();
+        tokio::time::timeout(deadline, store.accept(&order, "e")).await
+    }
+    let run = |callers: usize, length: Duration| {
+        let ends = tokio::time::Instant::now() + length;
+        let tasks: Vec<_> = (0..callers)
+            .map(|_| {
+                let (store, ok, late, refused) =
+                    (store.clone(), ok.clone(), late.clone(), refused.clone());
+                tokio::spawn(async move {
+                    while tokio::time::Instant::now() < ends {
+                        match call(store.clone(), deadline).await {
+                            Ok(Ok(_)) => ok.fetch_add(1, Ordering::Relaxed),
+                            Ok(Err(e)) if e.to_string().contains("calls waiting") => {
+                                refused.fetch_add(1, Ordering::Relaxed)
+                            }
+                            Ok(Err(e)) => panic!("unexpected store error: {e}"),
+                            Err(_) => late.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                })
+            })
+            .collect();
+        futures::future::join_all(tasks)
+    };
+    let take = |c: &AtomicU64| c.swap(0, Ordering::Relaxed);
+
+    // The burst: far more callers than the writer's queue holds.
+    run(
+        4 * order_guard::store::SQLITE_MAX_QUEUED,
+        Duration::from_secs(seconds),
+    )
+    .await;
+    let burst = (take(&ok), take(&late), take(&refused));
+    let shed = store.pressure();
+    // Right after it: one caller, then a normal load for as long.
+    let first = call(store.clone(), deadline).await;
+    run(32, Duration::from_secs(seconds)).await;
+    let after = (take(&ok), take(&late), take(&refused));
+    let per_s = |n: u64| n as f64 / seconds as f64;
+    eprintln!(
+        "sqlite burst: {seconds} s × {} callers (deadline {} ms): ok {:.0}/s, gave up {:.0}/s, \
+         refused at once {:.0}/s; writer skipped {} abandoned and refused {} calls; \
+         then {seconds} s × 32 callers: ok {:.0}/s, gave up {:.0}/s, refused {:.0}/s",
+        4 * order_guard::store::SQLITE_MAX_QUEUED,
+        deadline.as_millis(),
+        per_s(burst.0),
+        per_s(burst.1),
+        per_s(burst.2),
+        shed.skipped,
+        shed.refused,
+        per_s(after.0),
+        per_s(after.1),
+        per_s(after.2),
+    );
+    assert!(
+        shed.refused + shed.skipped > 0,
+        "a burst of {}× the queue bound was neither refused nor skipped: {shed:?}",
+        4
+    );
+    assert!(
+        matches!(first, Ok(Ok(_))),
+        "the first call after the burst waited behind abandoned work: {first:?}"
+    );
+    assert!(after.0 > 0, "no call succeeded after the burst");
+}

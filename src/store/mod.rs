@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::order::{hex, Order, OrderStatus};
 
-pub use self::sqlite::SqliteStore;
+pub use self::sqlite::{Pressure, SqliteStore, MAX_QUEUED as SQLITE_MAX_QUEUED};
 pub use self::sqlserver::SqlServerStore;
 
 /// What `accept` found.

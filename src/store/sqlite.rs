@@ -14,11 +14,20 @@
 //! each call keeps its own all-or-nothing effect and its durability, but under
 //! load one fsync covers many calls instead of one each. Calls run in arrival
 //! order, one at a time, as they did behind the old mutex.
+//!
+//! Back-pressure instead of collapse: the queue holds at most
+//! [`MAX_QUEUED`] calls, and a call that finds it full is answered `retry` at
+//! once (Event Grid redelivers later) instead of waiting behind work it
+//! cannot outlast; and a call whose caller has stopped waiting (its deadline
+//! passed, so it was already answered `retry`) is skipped, not run. After a
+//! burst beyond the writer's capacity the queue holds no abandoned work, so
+//! throughput recovers at once.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -34,16 +43,87 @@ const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 /// At most this many calls share one commit.
 const MAX_GROUP: usize = 64;
 
-/// One call for the writer thread: given the connection, runs inside its own
-/// savepoint and says whether it succeeded (else its savepoint is rolled
-/// back); given `None`, does not run. Either way it hands back how to answer
-/// once the group's commit (or failure) is known.
-type Job = Box<dyn FnOnce(Option<&mut Connection>) -> (bool, Reply) + Send>;
+/// At most this many calls wait for the writer; more are answered `retry` at
+/// once. Sixteen full groups: at a few milliseconds per durable commit, well
+/// inside any caller's deadline.
+pub const MAX_QUEUED: usize = 1024;
+
+/// One call for the writer thread.
+trait Call: Send {
+    /// The caller stopped waiting: skip the call.
+    fn abandoned(&self) -> bool;
+    /// Given the connection, run inside the call's own savepoint and say
+    /// whether it succeeded (else its savepoint is rolled back); given
+    /// `None`, do not run. Either way hand back how to answer once the
+    /// group's commit (or failure) is known.
+    fn run(self: Box<Self>, conn: Option<&mut Connection>) -> (bool, Reply);
+}
+
+type Job = Box<dyn Call>;
 type Reply = Box<dyn FnOnce(Option<&StoreError>) + Send>;
+
+/// A call and where its answer goes.
+struct Pending<T, F> {
+    tx: tokio::sync::oneshot::Sender<Result<T, StoreError>>,
+    f: F,
+}
+
+impl<T, F> Call for Pending<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+{
+    fn abandoned(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    fn run(self: Box<Self>, conn: Option<&mut Connection>) -> (bool, Reply) {
+        let Pending { tx, f } = *self;
+        let Some(conn) = conn else {
+            let reply: Reply = Box::new(move |e| {
+                let e = e
+                    .cloned()
+                    .unwrap_or_else(|| StoreError::Transient("store call not run".into()));
+                let _ = tx.send(Err(e));
+            });
+            return (false, reply);
+        };
+        let result = match catch_unwind(AssertUnwindSafe(|| f(conn))) {
+            Ok(r) => r.map_err(classify),
+            Err(_) => Err(StoreError::Transient(
+                "store task failed: it panicked".into(),
+            )),
+        };
+        let ok = result.is_ok();
+        let reply: Reply = Box::new(move |commit_failed| {
+            let _ = tx.send(match commit_failed {
+                Some(e) => Err(e.clone()),
+                None => result,
+            });
+        });
+        (ok, reply)
+    }
+}
+
+/// How the writer has shed load (for tests, figures and operators).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Pressure {
+    /// Calls answered `retry` at once because the queue was full.
+    pub refused: u64,
+    /// Calls skipped because their caller had stopped waiting.
+    pub skipped: u64,
+}
+
+#[derive(Default)]
+struct PressureCounters {
+    refused: AtomicU64,
+    skipped: AtomicU64,
+}
 
 /// SQLite-backed store.
 pub struct SqliteStore {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::SyncSender<Job>,
+    pressure: Arc<PressureCounters>,
 }
 
 impl SqliteStore {
@@ -62,12 +142,22 @@ impl SqliteStore {
             .map_err(classify)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(classify)?;
-        let (jobs, queue) = mpsc::channel::<Job>();
+        let (jobs, queue) = mpsc::sync_channel::<Job>(MAX_QUEUED);
+        let pressure = Arc::new(PressureCounters::default());
+        let counters = Arc::clone(&pressure);
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || writer(conn, queue))
+            .spawn(move || writer(conn, queue, &counters))
             .map_err(|e| StoreError::Permanent(format!("cannot start the SQLite writer: {e}")))?;
-        Ok(SqliteStore { jobs })
+        Ok(SqliteStore { jobs, pressure })
+    }
+
+    /// Calls refused (queue full) and skipped (caller gone) so far.
+    pub fn pressure(&self) -> Pressure {
+        Pressure {
+            refused: self.pressure.refused.load(Ordering::Relaxed),
+            skipped: self.pressure.skipped.load(Ordering::Relaxed),
+        }
     }
 
     /// Run `f` with the connection on the writer thread, atomically (in its
@@ -78,34 +168,21 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> Result<T, rusqlite::Error> + Send + 'static,
     {
         let (tx, rx) = tokio::sync::oneshot::channel::<Result<T, StoreError>>();
-        let job: Job = Box::new(move |conn| {
-            let Some(conn) = conn else {
-                let reply: Reply = Box::new(move |e| {
-                    let e = e
-                        .cloned()
-                        .unwrap_or_else(|| StoreError::Transient("store call not run".into()));
-                    let _ = tx.send(Err(e));
-                });
-                return (false, reply);
-            };
-            let result = match catch_unwind(AssertUnwindSafe(|| f(conn))) {
-                Ok(r) => r.map_err(classify),
-                Err(_) => Err(StoreError::Transient(
-                    "store task failed: it panicked".into(),
-                )),
-            };
-            let ok = result.is_ok();
-            let reply: Reply = Box::new(move |commit_failed| {
-                let _ = tx.send(match commit_failed {
-                    Some(e) => Err(e.clone()),
-                    None => result,
-                });
-            });
-            (ok, reply)
-        });
-        self.jobs.send(job).map_err(|_| {
-            StoreError::Transient("store task failed: the SQLite writer stopped".into())
-        })?;
+        match self.jobs.try_send(Box::new(Pending { tx, f })) {
+            Ok(()) => {}
+            Err(mpsc::TrySendError::Full(_)) => {
+                self.pressure.refused.fetch_add(1, Ordering::Relaxed);
+                return Err(StoreError::Transient(format!(
+                    "the SQLite writer has {MAX_QUEUED} calls waiting, more than it can commit in \
+                     time; try again later"
+                )));
+            }
+            Err(mpsc::TrySendError::Disconnected(_)) => {
+                return Err(StoreError::Transient(
+                    "store task failed: the SQLite writer stopped".into(),
+                ))
+            }
+        }
         rx.await.map_err(|_| {
             StoreError::Transient("store task failed: no answer from the SQLite writer".into())
         })?
@@ -113,16 +190,24 @@ impl SqliteStore {
 }
 
 /// The writer thread: groups waiting calls into one transaction each.
-fn writer(mut conn: Connection, queue: mpsc::Receiver<Job>) {
+fn writer(mut conn: Connection, queue: mpsc::Receiver<Job>, pressure: &PressureCounters) {
     while let Ok(first) = queue.recv() {
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP {
-            match queue.try_recv() {
-                Ok(job) => group.push(job),
-                Err(_) => break,
+        let mut group = Vec::with_capacity(MAX_GROUP);
+        let mut next = Some(first);
+        while let Some(job) = next.take() {
+            if job.abandoned() {
+                // Already answered `retry` by its caller's deadline.
+                pressure.skipped.fetch_add(1, Ordering::Relaxed);
+            } else {
+                group.push(job);
+            }
+            if group.len() < MAX_GROUP {
+                next = queue.try_recv().ok();
             }
         }
-        run_group(&mut conn, group);
+        if !group.is_empty() {
+            run_group(&mut conn, group);
+        }
     }
 }
 
@@ -133,7 +218,7 @@ fn run_group(conn: &mut Connection, group: Vec<Job>) {
         }
     };
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let replies = group.into_iter().map(|job| job(None).1).collect();
+        let replies = group.into_iter().map(|job| job.run(None).1).collect();
         fail_all(replies, &classify(e));
         return;
     }
@@ -141,7 +226,7 @@ fn run_group(conn: &mut Connection, group: Vec<Job>) {
     let mut jobs = group.into_iter();
     while let Some(job) = jobs.next() {
         let step = conn.execute_batch("SAVEPOINT job").and_then(|()| {
-            let (ok, reply) = job(Some(&mut *conn));
+            let (ok, reply) = job.run(Some(&mut *conn));
             replies.push(reply);
             conn.execute_batch(if ok {
                 "RELEASE job"
@@ -152,7 +237,7 @@ fn run_group(conn: &mut Connection, group: Vec<Job>) {
         if let Err(e) = step {
             // The transaction is in an unknown state: abandon the whole group.
             let _ = conn.execute_batch("ROLLBACK");
-            replies.extend(jobs.map(|job| job(None).1));
+            replies.extend(jobs.map(|job| job.run(None).1));
             fail_all(replies, &classify(e));
             return;
         }
