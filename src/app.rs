@@ -373,3 +373,76 @@ pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<String> {
     }
     Ok(out)
 }
+
+/// What `prune-guard` found and did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PruneSummary {
+    /// `COMPLETADA` keys seen.
+    pub completed: u64,
+    /// Of those, marked by this store (its identity).
+    pub ours: u64,
+    /// Of ours, whose order has no row here: removed (or, dry run, listed).
+    pub orphaned: Vec<String>,
+    /// Whether they were removed.
+    pub removed: bool,
+}
+
+impl std::fmt::Display for PruneSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for id in &self.orphaned {
+            writeln!(
+                f,
+                "{} {id}",
+                if self.removed {
+                    "removed"
+                } else {
+                    "would remove"
+                }
+            )?;
+        }
+        write!(
+            f,
+            "completed={} ours={} without_row={} removed={}",
+            self.completed,
+            self.ours,
+            self.orphaned.len(),
+            if self.removed { self.orphaned.len() } else { 0 }
+        )
+    }
+}
+
+/// `prune-guard`: remove this store's `COMPLETADA` keys whose order has no
+/// row in the store. After a database is restored to an earlier point, the
+/// cache still says the orders of the lost interval are done, and their
+/// redeliveries would be answered `duplicate` without ever executing.
+/// Markers of other databases sharing the cache, and unbound ones, are left
+/// alone (the processor already asks the store about those).
+pub async fn prune_guard(config: &Config, dry_run: bool) -> anyhow::Result<PruneSummary> {
+    let guard = build_guard(config)?;
+    let store = build_store(config).await?;
+    store
+        .migrate()
+        .await
+        .with_context(|| format!("checking the {} schema", store.name()))?;
+    let identity = store.identity().await?;
+    let prefix = format!("{identity}/");
+    let mut summary = PruneSummary {
+        removed: !dry_run,
+        ..PruneSummary::default()
+    };
+    for (order_id, marker) in guard.completed_orders().await? {
+        summary.completed += 1;
+        if !marker.as_deref().is_some_and(|m| m.starts_with(&prefix)) {
+            continue;
+        }
+        summary.ours += 1;
+        if store.order(&order_id).await?.is_some() {
+            continue;
+        }
+        if !dry_run && !guard.forget_completed(&order_id, marker.as_deref()).await? {
+            continue; // changed meanwhile: completed again, leave it
+        }
+        summary.orphaned.push(order_id);
+    }
+    Ok(summary)
+}

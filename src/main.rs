@@ -40,6 +40,14 @@ enum Command {
         /// The order id.
         order_id: String,
     },
+    /// Remove this store's `COMPLETADA` keys whose order has no row in the
+    /// database (after a restore to an earlier point), so those orders can
+    /// execute again when redelivered.
+    PruneGuard {
+        /// List what would be removed, remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -100,6 +108,10 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Status { order_id } => print!("{}", app::status(&config, &order_id).await?),
+        Command::PruneGuard { dry_run } => {
+            let summary = app::prune_guard(&config, dry_run).await?;
+            println!("{summary}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -186,6 +186,8 @@ pub struct Processor {
     store: Arc<dyn OrderStore>,
     settings: ProcessorSettings,
     counters: Counters,
+    /// The store's identity, read at first use (see [`completion_marker`]).
+    store_id: tokio::sync::OnceCell<String>,
 }
 
 /// An order and the event it came in, ready for the four steps.
@@ -208,6 +210,7 @@ impl Processor {
             store,
             settings,
             counters: Counters::default(),
+            store_id: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -335,17 +338,21 @@ impl Processor {
                 );
                 Some(t)
             }
-            Acquisition::Completed {
-                fingerprint: Some(fp),
-            } => {
-                if fp == order.fingerprint() {
-                    return self.outcome(w, OutcomeKind::Duplicate, None, guard_label);
+            Acquisition::Completed { fingerprint } => {
+                let ours = self.store_identity(w.deadline).await;
+                match completed_verdict(fingerprint.as_deref(), ours, order.fingerprint()) {
+                    CompletedVerdict::Duplicate => {
+                        return self.outcome(w, OutcomeKind::Duplicate, None, guard_label)
+                    }
+                    // A different order reuses a completed id: keep it, do nothing.
+                    CompletedVerdict::Conflict(fp) => {
+                        return self.conflict(w, fp, None, guard_label).await
+                    }
+                    // Another database's marker, an unbound one, or our own
+                    // identity unknown: the store decides.
+                    CompletedVerdict::AskStore => None,
                 }
-                // A different order reuses a completed id: keep it, do nothing.
-                return self.conflict(w, fp, None, guard_label).await;
             }
-            // Completed by a writer that left no fingerprint: the store decides.
-            Acquisition::Completed { fingerprint: None } => None,
             Acquisition::InProgress => return self.held_elsewhere(w, guard_label).await,
             Acquisition::Unavailable(why) => {
                 self.counters
@@ -410,18 +417,7 @@ impl Processor {
         };
         match held_elsewhere_verdict(row.as_ref(), order.fingerprint()) {
             HeldElsewhere::Done => {
-                if let Err(e) = self
-                    .guard
-                    .complete(&order.order_id, order.fingerprint())
-                    .await
-                {
-                    self.counters.guard_errors.fetch_add(1, Ordering::Relaxed);
-                    log::warn!(
-                        "order {}: done, but the guard was not marked {}: {e}",
-                        order.order_id,
-                        crate::guard::COMPLETED
-                    );
-                }
+                self.mark_completed(w).await;
                 self.outcome(w, OutcomeKind::Duplicate, None, guard_label)
             }
             HeldElsewhere::Conflict(existing) => {
@@ -464,20 +460,47 @@ impl Processor {
         )));
         // The store committed: the order is done whatever happens to Redis.
         if use_guard {
-            if let Err(e) = self
-                .guard
-                .complete(&order.order_id, order.fingerprint())
-                .await
-            {
-                self.counters.guard_errors.fetch_add(1, Ordering::Relaxed);
-                log::warn!(
-                    "order {}: done, but the guard was not marked {}: {e}",
-                    order.order_id,
-                    crate::guard::COMPLETED
-                );
-            }
+            self.mark_completed(w).await;
         }
         Ok(kind)
+    }
+
+    /// `COMPLETADA` with this store's completion marker. Skipped (logged)
+    /// when the store's identity cannot be read: an unbound marker would
+    /// answer another database's orders.
+    async fn mark_completed(&self, w: &Work<'_>) {
+        let order = &w.order;
+        let Some(store_id) = self.store_identity(w.deadline).await else {
+            log::warn!(
+                "order {}: done, but the guard was not marked {}: the store's identity could not be read",
+                order.order_id,
+                crate::guard::COMPLETED
+            );
+            return;
+        };
+        let marker = completion_marker(store_id, order.fingerprint());
+        if let Err(e) = self.guard.complete(&order.order_id, &marker).await {
+            self.counters.guard_errors.fetch_add(1, Ordering::Relaxed);
+            log::warn!(
+                "order {}: done, but the guard was not marked {}: {e}",
+                order.order_id,
+                crate::guard::COMPLETED
+            );
+        }
+    }
+
+    /// The store's identity, read once (bounded by `deadline`); `None` while
+    /// it cannot be read.
+    async fn store_identity(&self, deadline: Instant) -> Option<&str> {
+        let read = async {
+            self.store_id
+                .get_or_try_init(|| self.store.identity())
+                .await
+        };
+        match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(id)) => Some(id.as_str()),
+            Ok(Err(_)) | Err(_) => None,
+        }
     }
 
     /// A different order reuses this id: store it with both fingerprints.
@@ -634,6 +657,43 @@ impl Stop {
     #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
     fn fault(point: &str, arg: Option<String>) -> Stop {
         Stop::Store(StoreError::Transient(faults::crash_or_error(point, arg)))
+    }
+}
+
+/// What the guard keeps beside `COMPLETADA`: `<store identity>/<fingerprint>`.
+/// The identity binds the marker to one database: two databases sharing a
+/// cache (dev and prod, a blue/green pair) never answer each other's orders.
+pub fn completion_marker(store_id: &str, fingerprint: &str) -> String {
+    format!("{store_id}/{fingerprint}")
+}
+
+/// What a `COMPLETADA` key means for the order being delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompletedVerdict {
+    /// Completed in this store with the same content.
+    Duplicate,
+    /// Completed in this store with other content (its fingerprint).
+    Conflict(String),
+    /// No usable marker (missing, unbound, another database's, or this
+    /// store's identity unknown): the store decides.
+    AskStore,
+}
+
+/// Pure decision on a completion marker (see [`completion_marker`]).
+pub fn completed_verdict(
+    marker: Option<&str>,
+    store_id: Option<&str>,
+    fingerprint: &str,
+) -> CompletedVerdict {
+    match (marker.and_then(|m| m.split_once('/')), store_id) {
+        (Some((id, fp)), Some(ours)) if id == ours => {
+            if fp == fingerprint {
+                CompletedVerdict::Duplicate
+            } else {
+                CompletedVerdict::Conflict(fp.to_string())
+            }
+        }
+        _ => CompletedVerdict::AskStore,
     }
 }
 

@@ -347,3 +347,143 @@ async fn a_burst_beyond_the_sqlite_writers_capacity_is_shed_and_recovers() {
     );
     assert!(after.0 > 0, "no call succeeded after the burst");
 }
+
+/// Two databases sharing one cache with the default prefix (dev and prod, a
+/// blue/green pair): an order completed in one is not a `duplicate` in the
+/// other; each store's completion markers carry its identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_databases_sharing_one_cache_never_answer_each_others_orders() {
+    let redis = RedisServer::start();
+    let (dev_store, _dev) = common::sqlite_store().await;
+    let (prod_store, _prod) = common::sqlite_store().await;
+    let dev = common::processor(
+        common::redis_guard(&redis, GuardSettings::default()),
+        dev_store.clone(),
+    );
+    let prod = common::processor(
+        common::redis_guard(&redis, GuardSettings::default()),
+        prod_store.clone(),
+    );
+    let id = unique_id("shared");
+    let event = eg_event(order_data(&id, "buy", "MSFT", "4", "acct-shared"));
+    assert_eq!(
+        dev.process_event(&event).await.outcome,
+        OutcomeKind::Executed
+    );
+    assert_eq!(
+        dev.process_event(&event).await.outcome,
+        OutcomeKind::Duplicate
+    );
+    assert_eq!(
+        prod.process_event(&event).await.outcome,
+        OutcomeKind::Executed,
+        "prod must not take dev's completion for its own"
+    );
+    assert_eq!(
+        prod.process_event(&event).await.outcome,
+        OutcomeKind::Duplicate
+    );
+    assert_eq!(
+        prod_store.position("acct-shared", "MSFT").await.unwrap(),
+        Some(4.into())
+    );
+    let marker = redis
+        .get(&GuardSettings::default().fingerprint_key(&id))
+        .unwrap();
+    let prod_id = prod_store.identity().await.unwrap();
+    assert!(marker.starts_with(&format!("{prod_id}/")), "{marker}");
+    assert_ne!(dev_store.identity().await.unwrap(), prod_id);
+}
+
+/// After a restore to an earlier point, `prune-guard` removes this store's
+/// `COMPLETADA` keys whose order is no longer in the database (so their
+/// redeliveries execute again), and leaves every other key alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_guard_forgets_completions_lost_by_a_restore() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (db, backup) = (dir.path().join("orders.db"), dir.path().join("backup.db"));
+    let store =
+        Arc::new(order_guard::store::SqliteStore::open(&db, Duration::from_secs(5)).unwrap());
+    store.migrate().await.unwrap();
+    let processor = common::processor(
+        common::redis_guard(&redis, GuardSettings::default()),
+        store.clone(),
+    );
+    let kept = eg_event(order_data(&unique_id("kept"), "buy", "MSFT", "1", "acct-r"));
+    let lost_id = unique_id("lost");
+    let lost = eg_event(order_data(&lost_id, "buy", "MSFT", "2", "acct-r"));
+    assert_eq!(
+        processor.process_event(&kept).await.outcome,
+        OutcomeKind::Executed
+    );
+    // The backup, taken before the second order.
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    assert_eq!(
+        processor.process_event(&lost).await.outcome,
+        OutcomeKind::Executed
+    );
+    // Another database's completion in the same cache.
+    let (other_store, _other) = common::sqlite_store().await;
+    let other = common::processor(
+        common::redis_guard(&redis, GuardSettings::default()),
+        other_store,
+    );
+    let foreign = eg_event(order_data(
+        &unique_id("foreign"),
+        "buy",
+        "MSFT",
+        "1",
+        "acct-f",
+    ));
+    assert_eq!(
+        other.process_event(&foreign).await.outcome,
+        OutcomeKind::Executed
+    );
+
+    // Restore: the database is the backup now.
+    let config = order_guard::config::Config::from_lookup(|k| match k {
+        "REDIS_URL" => Some(redis.url()),
+        "SQL_CONNECTION_STRING" => Some(format!("sqlite:{}", backup.display())),
+        _ => None,
+    })
+    .unwrap();
+    let prune = |dry: bool| order_guard::app::prune_guard(&config, dry);
+    let dry = prune(true).await.unwrap();
+    assert_eq!(dry.orphaned, vec![lost_id.clone()], "{dry}");
+    assert_eq!((dry.completed, dry.ours), (3, 2), "{dry}");
+    let lost_key = GuardSettings::default().key(&lost_id);
+    assert_eq!(
+        redis.get(&lost_key).as_deref(),
+        Some("COMPLETADA"),
+        "dry run removes nothing"
+    );
+    let pruned = prune(false).await.unwrap();
+    assert_eq!(pruned.orphaned, vec![lost_id.clone()], "{pruned}");
+    assert!(
+        pruned.to_string().contains(&format!("removed {lost_id}")),
+        "{pruned}"
+    );
+    assert_eq!(redis.get(&lost_key), None);
+
+    // The restored database executes the lost order again; the kept one
+    // stays a duplicate.
+    let restored =
+        Arc::new(order_guard::store::SqliteStore::open(&backup, Duration::from_secs(5)).unwrap());
+    restored.migrate().await.unwrap();
+    let processor = common::processor(
+        common::redis_guard(&redis, GuardSettings::default()),
+        restored,
+    );
+    assert_eq!(
+        processor.process_event(&lost).await.outcome,
+        OutcomeKind::Executed
+    );
+    assert_eq!(
+        processor.process_event(&kept).await.outcome,
+        OutcomeKind::Duplicate
+    );
+}

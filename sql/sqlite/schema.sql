@@ -55,5 +55,14 @@ CREATE TABLE IF NOT EXISTS RejectedEvents (
 CREATE UNIQUE INDEX IF NOT EXISTS UX_RejectedEvents_EventHash ON RejectedEvents (EventHash);
 CREATE INDEX IF NOT EXISTS IX_RejectedEvents_OrderId ON RejectedEvents (OrderId);
 
+-- This database's identity, made once with the schema: the guard's
+-- completion markers carry it, so two databases sharing one cache (dev and
+-- prod, a blue/green pair) never answer each other's orders `duplicate`.
+CREATE TABLE IF NOT EXISTS StoreIdentity (
+    Id TEXT NOT NULL PRIMARY KEY
+);
+INSERT INTO StoreIdentity (Id)
+SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM StoreIdentity);
+
 INSERT OR IGNORE INTO SchemaVersion (Version, AppliedAt)
 VALUES (1, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));

@@ -101,6 +101,20 @@ IF NOT EXISTS (SELECT 1 FROM sys.indexes
     CREATE INDEX IX_RejectedEvents_OrderId ON dbo.RejectedEvents (OrderId);
 GO
 
+-- This database's identity, made once with the schema: the guard's
+-- completion markers carry it, so two databases sharing one cache (dev and
+-- prod, a blue/green pair) never answer each other's orders `duplicate`.
+IF OBJECT_ID(N'dbo.StoreIdentity', N'U') IS NULL
+    CREATE TABLE dbo.StoreIdentity (
+        Id NVARCHAR(36) COLLATE Latin1_General_100_BIN2 NOT NULL,
+        CONSTRAINT PK_StoreIdentity PRIMARY KEY (Id)
+    );
+GO
+
+IF NOT EXISTS (SELECT 1 FROM dbo.StoreIdentity)
+    INSERT INTO dbo.StoreIdentity (Id) VALUES (LOWER(CONVERT(NVARCHAR(36), NEWID())));
+GO
+
 IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 1)
     INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (1, SYSUTCDATETIME());
 GO

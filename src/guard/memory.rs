@@ -140,6 +140,33 @@ impl IdempotencyGuard for MemoryGuard {
         }
     }
 
+    async fn completed_orders(&self) -> Result<Vec<(String, Option<String>)>, GuardError> {
+        let now = Instant::now();
+        Ok(self
+            .entries()
+            .map
+            .iter()
+            .filter(|(_, e)| e.expires_at > now && e.value == COMPLETED)
+            .map(|(id, e)| (id.clone(), e.fingerprint.clone()))
+            .collect())
+    }
+
+    async fn forget_completed(
+        &self,
+        order_id: &str,
+        marker: Option<&str>,
+    ) -> Result<bool, GuardError> {
+        let now = Instant::now();
+        let mut entries = self.entries();
+        let same = entries
+            .live(order_id, now)
+            .is_some_and(|e| e.value == COMPLETED && e.fingerprint.as_deref() == marker);
+        if same {
+            entries.map.remove(order_id);
+        }
+        Ok(same)
+    }
+
     async fn inspect(&self, order_id: &str) -> Result<GuardEntry, GuardError> {
         let now = Instant::now();
         let mut entries = self.entries();

@@ -76,7 +76,8 @@ pub enum Acquisition {
     /// The reservation is ours, taken over from an owner past its deadline
     /// (dead, or alive and harmless): process the order.
     TakenOver(Token),
-    /// The order is done; `fingerprint` is what was completed (when known).
+    /// The order is done; `fingerprint` is the completion marker stored
+    /// beside it (`<store identity>/<fingerprint>`), when there is one.
     Completed { fingerprint: Option<String> },
     /// Another worker holds the reservation.
     InProgress,
@@ -151,9 +152,10 @@ pub trait IdempotencyGuard: Send + Sync {
     /// Reserve the order, or say why not, in one round trip.
     async fn acquire(&self, order_id: &str) -> Acquisition;
 
-    /// Mark the order done (`COMPLETADA`, long TTL) with its fingerprint.
+    /// Mark the order done (`COMPLETADA`, long TTL) with its completion
+    /// marker beside it (`<store identity>/<fingerprint>`, opaque here).
     /// Unconditional: it is only called after the store committed.
-    async fn complete(&self, order_id: &str, fingerprint: &str) -> Result<(), GuardError>;
+    async fn complete(&self, order_id: &str, marker: &str) -> Result<(), GuardError>;
 
     /// Delete the reservation if it is still `token`'s; `Ok(false)` when it
     /// was not (expired, taken over, completed).
@@ -165,6 +167,18 @@ pub trait IdempotencyGuard: Send + Sync {
 
     /// What the key holds now.
     async fn inspect(&self, order_id: &str) -> Result<GuardEntry, GuardError>;
+
+    /// Every order marked `COMPLETADA`, with its completion marker (for the
+    /// operator's `prune-guard`; a full scan, never on the request path).
+    async fn completed_orders(&self) -> Result<Vec<(String, Option<String>)>, GuardError>;
+
+    /// Remove an order's `COMPLETADA` key and its marker, only if they still
+    /// hold what was listed; `Ok(false)` when they changed meanwhile.
+    async fn forget_completed(
+        &self,
+        order_id: &str,
+        marker: Option<&str>,
+    ) -> Result<bool, GuardError>;
 }
 
 /// Interpret a guard value found by a failed acquire.

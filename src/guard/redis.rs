@@ -75,6 +75,15 @@ end
 return 0
 ";
 
+/// Compare-and-delete of a completed order's two keys: only if the guard
+/// key is still `COMPLETADA` and the marker is still ARGV[1] ('' = none).
+const FORGET: &str = r"
+if redis.call('GET', KEYS[1]) == 'COMPLETADA' and (redis.call('GET', KEYS[2]) or '') == ARGV[1] then
+  return redis.call('DEL', KEYS[1], KEYS[2])
+end
+return 0
+";
+
 const INSPECT: &str = r"
 return {redis.call('GET', KEYS[1]), redis.call('TTL', KEYS[1]), redis.call('GET', KEYS[2])}
 ";
@@ -89,6 +98,7 @@ pub struct RedisGuard {
     release: Script,
     extend: Script,
     inspect: Script,
+    forget: Script,
 }
 
 impl RedisGuard {
@@ -118,6 +128,7 @@ impl RedisGuard {
             release: Script::new(RELEASE),
             extend: Script::new(EXTEND),
             inspect: Script::new(INSPECT),
+            forget: Script::new(FORGET),
         })
     }
 
@@ -269,6 +280,43 @@ impl IdempotencyGuard for RedisGuard {
             .map(|n| n == 1)
     }
 
+    async fn completed_orders(&self) -> Result<Vec<(String, Option<String>)>, GuardError> {
+        use futures::StreamExt;
+        let pattern = format!("{}*", glob_escape(&self.settings.prefix));
+        let mut conn = self.conn.clone();
+        let keys: Vec<String> = {
+            let iter = redis::AsyncCommands::scan_match::<_, String>(&mut conn, pattern)
+                .await
+                .map_err(|e| GuardError(e.to_string()))?;
+            iter.collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .collect::<Result<_, _>>()
+                .map_err(|e| GuardError(e.to_string()))?
+        };
+        let mut completed = Vec::new();
+        for key in keys {
+            let Some(order_id) = key.strip_prefix(&self.settings.prefix) else {
+                continue;
+            };
+            let entry = self.inspect(order_id).await?;
+            if entry.value.as_deref() == Some(COMPLETED) {
+                completed.push((order_id.to_string(), entry.fingerprint));
+            }
+        }
+        Ok(completed)
+    }
+
+    async fn forget_completed(
+        &self,
+        order_id: &str,
+        marker: Option<&str>,
+    ) -> Result<bool, GuardError> {
+        self.run::<i64>(&self.forget, order_id, &[marker.unwrap_or("")])
+            .await
+            .map(|n| n > 0)
+    }
+
     async fn inspect(&self, order_id: &str) -> Result<GuardEntry, GuardError> {
         let (value, ttl, fingerprint): (Option<String>, i64, Option<String>) =
             self.run(&self.inspect, order_id, &[]).await?;
@@ -278,4 +326,16 @@ impl IdempotencyGuard for RedisGuard {
             fingerprint,
         })
     }
+}
+
+/// `s` with Redis glob metacharacters escaped, for `SCAN MATCH`.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }

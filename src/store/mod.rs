@@ -136,6 +136,11 @@ pub trait OrderStore: Send + Sync {
     /// Create or upgrade the schema; idempotent and safe to run concurrently.
     async fn migrate(&self) -> Result<(), StoreError>;
 
+    /// This database's identity, made once with the schema (a restore keeps
+    /// it; another database has another): what binds the guard's completion
+    /// markers to this store.
+    async fn identity(&self) -> Result<String, StoreError>;
+
     /// Insert the order `Received`, or classify the row that holds its id.
     async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError>;
 

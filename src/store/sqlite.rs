@@ -332,6 +332,11 @@ impl OrderStore for SqliteStore {
         .await
     }
 
+    async fn identity(&self) -> Result<String, StoreError> {
+        self.with(|conn| conn.query_row("SELECT Id FROM StoreIdentity LIMIT 1", [], |r| r.get(0)))
+            .await
+    }
+
     async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError> {
         let o = order.clone();
         let event_id = event_id.to_string();

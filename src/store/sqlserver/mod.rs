@@ -428,6 +428,16 @@ async fn reject_on(client: &mut Client, r: &Rejection, hash: &str) -> Result<(),
     }
 }
 
+async fn identity_on(client: &mut Client) -> Result<String, SqlError> {
+    let row = client
+        .simple_query(sql::SELECT_IDENTITY)
+        .await?
+        .into_row()
+        .await?
+        .ok_or_else(|| conversion("StoreIdentity has no row".into()))?;
+    text(&row, 0, "Id")
+}
+
 async fn position_on(
     client: &mut Client,
     account_id: &str,
@@ -500,6 +510,13 @@ impl OrderStore for SqlServerStore {
         with_client!(self, "migrate", bound, |client| migrate_on(client))?;
         self.schema_verified.store(true, Ordering::Release);
         Ok(())
+    }
+
+    async fn identity(&self) -> Result<String, StoreError> {
+        self.schema_gate("read identity")?;
+        with_client!(self, "read identity", self.query_timeout, |client| {
+            identity_on(client)
+        })
     }
 
     async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError> {

@@ -163,6 +163,9 @@ pub const SELECT_REJECTIONS_WITHOUT_ORDER: &str = "SELECT Kind, OrderId, Reason,
      ExistingFingerprint, RawEvent, Deliveries \
      FROM dbo.RejectedEvents WHERE OrderId IS NULL ORDER BY Id";
 
+/// This database's identity (made with the schema).
+pub const SELECT_IDENTITY: &str = "SELECT TOP 1 Id FROM dbo.StoreIdentity";
+
 /// Sent instead of the COMMIT by the `sqlserver_commit=return(fail)` fault
 /// point (tests only): a statement the server fails (8134), which under
 /// `XACT_ABORT ON` aborts the transaction, as a failed COMMIT does.
@@ -188,5 +191,6 @@ pub const ALL: &[&str] = &[
     COUNT_REJECTED_DELIVERY,
     SELECT_REJECTIONS,
     SELECT_REJECTIONS_WITHOUT_ORDER,
+    SELECT_IDENTITY,
     FAULT_FAILING_COMMIT,
 ];
