@@ -200,6 +200,17 @@ mod suite {
         );
     }
 
+    pub async fn identity_is_made_once_with_the_schema(store: Arc<dyn OrderStore>) {
+        let id = store.identity().await.unwrap();
+        assert!(id.len() >= 32 && !id.contains('/'), "{id:?}");
+        store.migrate().await.unwrap();
+        assert_eq!(
+            store.identity().await.unwrap(),
+            id,
+            "migrate keeps the identity"
+        );
+    }
+
     pub async fn exact_decimals_round_trip(store: Arc<dyn OrderStore>) {
         let account = unique_id("acct");
         let o = order(
@@ -232,6 +243,7 @@ macro_rules! conformance {
                 rejections_are_stored_once_with_their_reason,
                 migrate_is_idempotent,
                 ids_differing_only_in_case_are_different,
+                identity_is_made_once_with_the_schema,
                 exact_decimals_round_trip);
         }
     };
