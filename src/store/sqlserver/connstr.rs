@@ -38,11 +38,20 @@ pub enum Auth {
         /// The secret: never shown by `Debug`, `Display` or any error.
         password: String,
     },
-    /// `Authentication=Active Directory Managed Identity` (or `… MSI`, or
-    /// `… Default`): a token from the App Service / Functions identity
-    /// endpoint. `client_id` (`User ID`) picks a user-assigned identity.
+    /// `Authentication=Active Directory Managed Identity` (or `… MSI`): an
+    /// Entra ID token from the managed identity (App Service / Functions
+    /// endpoint, or the Instance Metadata Service); see `aad`.
     ManagedIdentity {
-        /// A user-assigned identity's client id; `None`: the system identity.
+        /// `User ID`: a user-assigned identity's client id; `None`: the
+        /// system-assigned identity.
+        client_id: Option<String>,
+    },
+    /// `Authentication=Active Directory Default`: an Entra ID token from the
+    /// first of workload identity, managed identity, `az`/`azd` login that
+    /// gives one; see `aad`.
+    ActiveDirectoryDefault {
+        /// `User ID`: the client id of a user-assigned managed identity (or
+        /// of the workload identity); `None`: the environment's default.
         client_id: Option<String>,
     },
 }
@@ -57,6 +66,10 @@ impl fmt::Debug for Auth {
                 .finish(),
             Auth::ManagedIdentity { client_id } => f
                 .debug_struct("ManagedIdentity")
+                .field("client_id", client_id)
+                .finish(),
+            Auth::ActiveDirectoryDefault { client_id } => f
+                .debug_struct("ActiveDirectoryDefault")
                 .field("client_id", client_id)
                 .finish(),
         }
@@ -119,7 +132,8 @@ impl fmt::Display for SqlConnInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let auth = match &self.auth {
             Auth::SqlPassword { user, .. } => format!("sql login {user}"),
-            Auth::ManagedIdentity { .. } => "managed identity".to_string(),
+            Auth::ManagedIdentity { .. } => "Entra ID managed identity".to_string(),
+            Auth::ActiveDirectoryDefault { .. } => "Entra ID, Active Directory Default".to_string(),
         };
         write!(
             f,
@@ -438,7 +452,7 @@ impl SqlConnInfo {
                         || parse_bool("Integrated Security", &value)?;
                     if on {
                         return Err(bad(
-                            "Integrated Security (Windows/Kerberos login) is not supported; use a SQL login or Authentication=Active Directory Managed Identity",
+                            "Integrated Security (Windows/Kerberos login) is not supported; use a SQL login or Authentication=Active Directory Managed Identity (or Active Directory Default)",
                         ));
                     }
                 }
@@ -482,15 +496,21 @@ impl SqlConnInfo {
                 })?;
                 Auth::SqlPassword { user, password }
             }
-            Some("active directory managed identity")
-            | Some("active directory msi")
-            | Some("active directory default") => {
+            Some(
+                kind @ ("active directory managed identity"
+                | "active directory msi"
+                | "active directory default"),
+            ) => {
                 if password.as_deref().is_some_and(|p| !p.is_empty()) {
                     return Err(bad(
                         "Password must not be set with Authentication=Active Directory Managed Identity/Default",
                     ));
                 }
-                Auth::ManagedIdentity { client_id: user }
+                if kind == "active directory default" {
+                    Auth::ActiveDirectoryDefault { client_id: user }
+                } else {
+                    Auth::ManagedIdentity { client_id: user }
+                }
             }
             Some(_) => {
                 return Err(bad(
@@ -503,7 +523,7 @@ impl SqlConnInfo {
                 "TrustServerCertificate=True and TrustServerCertificateCA exclude each other",
             ));
         }
-        if matches!(auth, Auth::ManagedIdentity { .. }) && encrypt == Encrypt::Plaintext {
+        if !matches!(auth, Auth::SqlPassword { .. }) && encrypt == Encrypt::Plaintext {
             return Err(bad(
                 "Encrypt=DANGER_PLAINTEXT cannot be used with an access token login",
             ));
@@ -522,7 +542,7 @@ impl SqlConnInfo {
     }
 
     /// The tiberius configuration for the first server, without credentials
-    /// (the pool adds them per connection: a managed-identity token changes).
+    /// (the pool adds them per connection: an Entra ID token changes).
     pub fn tiberius_config(&self) -> tiberius::Config {
         let mut c = tiberius::Config::new();
         c.host(&self.host);

@@ -10,7 +10,7 @@
 //! query timeout, and retries at most once, at once, when the connection
 //! turned out to be dead; longer back-off is Event Grid's job. Statements
 //! live in [`sql`], error numbers in [`classify`], the connection string in
-//! [`connstr`], managed-identity tokens in [`aad`].
+//! [`connstr`], Entra ID tokens in [`aad`].
 
 pub mod aad;
 pub mod classify;
@@ -28,8 +28,8 @@ use rust_decimal::Decimal;
 use tiberius::error::Error as SqlError;
 use tiberius::Row;
 
-use self::aad::ManagedIdentity;
-use self::connstr::{Auth, SqlConnInfo};
+use self::aad::TokenSource;
+use self::connstr::SqlConnInfo;
 use self::pool::{Client, SqlConnectionManager};
 use super::{Admission, Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, StoreError};
 #[cfg(feature = "failpoints")]
@@ -115,13 +115,15 @@ impl SqlServerStore {
     ) -> Result<Self, StoreError> {
         let info = SqlConnInfo::parse(connection_string)
             .map_err(|e| StoreError::Permanent(e.to_string()))?;
-        let identity = match &info.auth {
-            Auth::ManagedIdentity { client_id } => Some(Arc::new(
-                ManagedIdentity::from_env(client_id.clone(), settings.connect_timeout)
-                    .map_err(|e| StoreError::Permanent(e.to_string()))?,
-            )),
-            Auth::SqlPassword { .. } => None,
-        };
+        let identity = TokenSource::for_auth(&info.auth, settings.connect_timeout)
+            .map_err(|e| StoreError::Permanent(e.to_string()))?
+            .map(Arc::new);
+        if let Some(source) = &identity {
+            log::info!(
+                "SQL Server store: Entra ID tokens from {}",
+                source.description()
+            );
+        }
         Ok(Self::with_manager(
             SqlConnectionManager::new(info.tiberius_config(), identity, settings.connect_timeout),
             settings,
@@ -129,8 +131,8 @@ impl SqlServerStore {
         ))
     }
 
-    /// A store over an explicit connection manager (tests use it to supply a
-    /// managed identity with a local endpoint).
+    /// A store over an explicit connection manager (tests use it to supply
+    /// their own token source).
     pub fn with_manager(
         manager: SqlConnectionManager,
         settings: &SqlServerSettings,

@@ -1,7 +1,7 @@
 //! The bb8 connection manager for tiberius: where connections are opened.
 //!
 //! Why our own manager (small, on bb8's `ManageConnection`) rather than
-//! `bb8-tiberius`: the login needs a fresh managed-identity token per
+//! `bb8-tiberius`: the login needs a current Entra ID token per
 //! connection, the connect must be bounded by SQL_CONNECT_TIMEOUT_SECONDS,
 //! and a connection interrupted mid-request (query timeout, dropped socket)
 //! must never go back into the pool. Azure SQL's redirect
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
-use super::aad::ManagedIdentity;
+use super::aad::TokenSource;
 use super::sql;
 
 /// The tiberius client over a tokio TCP stream.
@@ -54,7 +54,7 @@ pub const CHECK_AFTER_IDLE: Duration = Duration::from_secs(5);
 pub enum ConnectError {
     /// The driver's error (I/O, TLS, login refused …).
     Sql(tiberius::error::Error),
-    /// No managed-identity token.
+    /// No Entra ID token.
     Token(String),
     /// Connecting took longer than the connect timeout.
     Timeout(Duration),
@@ -79,17 +79,17 @@ impl std::error::Error for ConnectError {}
 /// Opens, checks and discards connections for bb8.
 pub struct SqlConnectionManager {
     config: tiberius::Config,
-    identity: Option<Arc<ManagedIdentity>>,
+    identity: Option<Arc<TokenSource>>,
     connect_timeout: Duration,
     last_error: Arc<Mutex<Option<String>>>,
 }
 
 impl SqlConnectionManager {
     /// `config` is the first server and its settings (with the SQL login, if
-    /// any); `identity` supplies an access token per login instead.
+    /// any); `identity` supplies an Entra ID access token per login instead.
     pub fn new(
         config: tiberius::Config,
-        identity: Option<Arc<ManagedIdentity>>,
+        identity: Option<Arc<TokenSource>>,
         connect_timeout: Duration,
     ) -> SqlConnectionManager {
         SqlConnectionManager {
