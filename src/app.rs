@@ -27,8 +27,17 @@ pub fn init_logging() {
     .try_init();
 }
 
+/// Install the process's TLS crypto provider (aws-lc-rs) for every rustls
+/// user (the Redis client, Entra ID's HTTPS). rustls picks one by itself only
+/// when exactly one is compiled in; saying it here keeps `rediss://` working
+/// whatever another dependency enables. Idempotent.
+pub fn init_tls() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
 /// The guard the configuration asks for.
 pub fn build_guard(config: &Config) -> anyhow::Result<Arc<dyn IdempotencyGuard>> {
+    init_tls();
     Ok(match &config.guard {
         GuardConfig::Memory => Arc::new(MemoryGuard::new(config.guard_settings.clone())),
         GuardConfig::Redis { url } => Arc::new(
