@@ -93,6 +93,14 @@ struct Opts {
     /// Cold starts to take the median of.
     #[arg(long, default_value_t = 20)]
     cold_starts: usize,
+    /// A second handler on the SQL Server store (the T-SQL engine), measured
+    /// beside the SQLite one when given.
+    #[arg(long)]
+    sqlserver_handler: Option<SocketAddr>,
+    /// The ADO.NET string of that handler's database, for the round-trip
+    /// ceiling (`SELECT 1` on a connection of our own per worker).
+    #[arg(long)]
+    sqlserver: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -230,6 +238,8 @@ enum Work {
         tag: u32,
         completed: u64,
     },
+    /// `SELECT 1` on a SQL Server connection per worker: one round trip.
+    SqlRoundTrip { ado: Arc<String> },
 }
 
 /// The result of one phase.
@@ -298,7 +308,20 @@ async fn worker(
         Work::HttpCeiling { addr }
         | Work::FirstDelivery { addr, .. }
         | Work::Duplicate { addr, .. } => Some(http_connection(*addr).await?),
-        Work::RedisCeiling { .. } => None,
+        Work::RedisCeiling { .. } | Work::SqlRoundTrip { .. } => None,
+    };
+    let mut sql_client = match &work {
+        Work::SqlRoundTrip { ado } => {
+            let info = order_guard::store::sqlserver::connstr::SqlConnInfo::parse(ado)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            Some(
+                order_guard::store::sqlserver::pool::open_following_redirect(
+                    info.tiberius_config(),
+                )
+                .await?,
+            )
+        }
+        _ => None,
     };
     let mut redis_conn = match &work {
         Work::RedisCeiling { conn, .. } => Some(conn.clone()),
@@ -329,6 +352,13 @@ async fn worker(
                 let body = invocation_body(*tag, n % completed);
                 let s = sender.as_mut().expect("http");
                 invoke(s, *addr, body, "\"outcome\":\"duplicate\"").await
+            }
+            Work::SqlRoundTrip { .. } => {
+                let c = sql_client.as_mut().expect("sql");
+                match c.simple_query("SELECT 1").await {
+                    Ok(stream) => stream.into_results().await.map(|_| ()).map_err(Into::into),
+                    Err(e) => Err(e.into()),
+                }
             }
             Work::RedisCeiling { tag, .. } => {
                 let c = redis_conn.as_mut().expect("redis");
@@ -750,6 +780,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     let measure = Duration::from_secs_f64(opts.seconds);
     let next = Arc::new(AtomicU64::new(0));
     let unique = Arc::new(AtomicU64::new(0));
+    let unique_mssql = Arc::new(AtomicU64::new(0));
     let redis = redis::Client::open(opts.redis_url.as_str())?
         .get_multiplexed_async_connection()
         .await
@@ -818,6 +849,55 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             )
             .await?;
             series.entry(("duplicate", c)).or_default().add(&s)?;
+            if let (Some(addr), Some(ado)) = (opts.sqlserver_handler, opts.sqlserver.as_ref()) {
+                let s = phase(
+                    &Work::SqlRoundTrip {
+                        ado: Arc::new(ado.clone()),
+                    },
+                    c,
+                    warmup,
+                    measure,
+                    &next,
+                )
+                .await?;
+                series
+                    .entry(("sqlserver_roundtrip_ceiling", c))
+                    .or_default()
+                    .add(&s)?;
+                let mssql_tag = tag ^ 0x3c3c_3c3c;
+                let s = phase(
+                    &Work::FirstDelivery {
+                        addr,
+                        tag: mssql_tag,
+                    },
+                    c,
+                    warmup,
+                    measure,
+                    &unique_mssql,
+                )
+                .await?;
+                series
+                    .entry(("first_delivery_sqlserver", c))
+                    .or_default()
+                    .add(&s)?;
+                let completed = unique_mssql.load(Ordering::Relaxed);
+                let s = phase(
+                    &Work::Duplicate {
+                        addr,
+                        tag: mssql_tag,
+                        completed,
+                    },
+                    c,
+                    warmup,
+                    measure,
+                    &next,
+                )
+                .await?;
+                series
+                    .entry(("duplicate_sqlserver", c))
+                    .or_default()
+                    .add(&s)?;
+            }
         }
     }
     let rss = peak_rss_mib(opts.handler_pid)?;
@@ -868,6 +948,35 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             &PERCENTILES,
             &[],
         ));
+        if opts.sqlserver_handler.is_some() {
+            entries.extend(figure_entries(
+                "first_delivery_sqlserver",
+                "events/s",
+                c,
+                s("first_delivery_sqlserver"),
+                &PERCENTILES[..2],
+                &[(
+                    "sqlserver_roundtrip_ceiling",
+                    s("sqlserver_roundtrip_ceiling"),
+                )],
+            ));
+            entries.extend(figure_entries(
+                "duplicate_sqlserver",
+                "events/s",
+                c,
+                s("duplicate_sqlserver"),
+                &PERCENTILES,
+                &[("http_ceiling", s("http_ceiling"))],
+            ));
+            entries.extend(figure_entries(
+                "sqlserver_roundtrip_ceiling",
+                "round trips/s",
+                c,
+                s("sqlserver_roundtrip_ceiling"),
+                &PERCENTILES[..2],
+                &[],
+            ));
+        }
         if c == opts.concurrency[0] {
             entries.extend(figure_entries(
                 "sqlite_commit_ceiling",

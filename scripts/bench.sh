@@ -37,6 +37,7 @@ cleanup() {
     wait "$pid" 2>/dev/null || true
   done
   rm -rf "$SCRATCH"
+  if [ -n "${STARTED_ENGINE:-}" ]; then scripts/tsql-engine.sh stop || true; fi
 }
 trap cleanup EXIT INT TERM
 
@@ -74,6 +75,28 @@ HANDLER_PID="$!"
 PIDS+=("$HANDLER_PID")
 wait_port "$HANDLER_PORT" order-guard
 
+# The SQL Server store on the T-SQL engine, when it is there: a second
+# handler on the same Redis (its own key prefix) and a fresh database.
+MSSQL_ARGS=()
+if ENGINE="$(scripts/tsql-engine.sh path 2>/dev/null)"; then
+  MSSQL_ADO="$(scripts/tsql-engine.sh start "og_bench_$(date +%s)")"
+  STARTED_ENGINE=1
+  MSSQL_PORT="$(free_port)"
+  echo "==> order-guard serve on 127.0.0.1:$MSSQL_PORT (SQL Server store on the T-SQL engine, $ENGINE; SQL_POOL_SIZE=32)"
+  FUNCTIONS_CUSTOMHANDLER_PORT="$MSSQL_PORT" \
+    REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
+    GUARD_KEY_PREFIX="ordms:" \
+    SQL_CONNECTION_STRING="$MSSQL_ADO" \
+    SQL_POOL_SIZE=32 \
+    RUST_LOG=warn \
+    "$BIN" serve >"$SCRATCH/handler-mssql.log" 2>&1 &
+  PIDS+=("$!")
+  wait_port "$MSSQL_PORT" "order-guard (SQL Server)"
+  MSSQL_ARGS=(--sqlserver-handler "127.0.0.1:$MSSQL_PORT" --sqlserver "$MSSQL_ADO")
+else
+  echo "==> no T-SQL engine found: SQL Server figures are not measured"
+fi
+
 CEILING_PORT="$(free_port)"
 echo "==> HTTP ceiling server on 127.0.0.1:$CEILING_PORT"
 "$BENCH" ceiling-server --port "$CEILING_PORT" >"$SCRATCH/ceiling.log" 2>&1 &
@@ -87,7 +110,7 @@ timeout 600 "$BENCH" run \
   --handler "127.0.0.1:$HANDLER_PORT" --handler-pid "$HANDLER_PID" \
   --ceiling "127.0.0.1:$CEILING_PORT" \
   --redis-url "redis://127.0.0.1:$REDIS_PORT" \
-  --binary "$BIN" --scratch "$SCRATCH/cold" --out "$OUT" "$@"
+  --binary "$BIN" --scratch "$SCRATCH/cold" --out "$OUT" "${MSSQL_ARGS[@]}" "$@"
 
 if ! kill -0 "$HANDLER_PID" 2>/dev/null; then
   echo "error: the handler died during the run; its log:" >&2
