@@ -273,12 +273,20 @@ async fn shutdown_waits_for_in_flight_invocations() {
     }
     let addr = h.addr;
     let shutdown = tokio::spawn(h.shutdown());
-    // Shutdown has begun once the listener refuses new connections.
+    // Shutdown has begun once the listener refuses new connections (or
+    // resets one it had queued but will never accept: it was closed).
     loop {
         match tokio::net::TcpStream::connect(addr).await {
             Ok(_) => tokio::task::yield_now().await,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
-            Err(e) => panic!("connecting to {addr} failed other than by a refusal: {e}"),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                break
+            }
+            Err(e) => panic!("connecting to {addr} failed other than by a refusal or a reset: {e}"),
         }
     }
     assert!(
