@@ -585,6 +585,202 @@ mod tests {
         assert!(order(json!("text")).unwrap_err().0.contains("JSON object"));
     }
 
+    /// The refusal message for `field` set to `v`, or a panic if accepted.
+    fn refused(field: &str, v: Value) -> String {
+        match order(with(field, v.clone())) {
+            Err(e) => e.to_string(),
+            Ok(o) => panic!("{field} {v} must be refused, got {o:?}"),
+        }
+    }
+
+    #[test]
+    fn currency_is_exactly_three_ascii_letters() {
+        for (sent, kept) in [("usd", "USD"), (" eur ", "EUR"), ("GbP", "GBP")] {
+            let o = order(with("currency", json!(sent))).unwrap();
+            assert_eq!(o.currency.as_deref(), Some(kept), "{sent:?}");
+        }
+        let o = order(with("currency", Value::Null)).unwrap();
+        assert_eq!(o.currency, None);
+        // Too short, too long, digits, symbols, non-ASCII letters.
+        for bad in [
+            "US", "USDX", "12$", "U5D", "US$", "", "   ", "€UR", "ÉUR", "U D",
+        ] {
+            assert_eq!(
+                refused("currency", json!(bad)),
+                format!("currency must be a 3-letter ISO 4217 code, got {bad:?}"),
+            );
+        }
+        assert_eq!(
+            refused("currency", json!(840)),
+            "currency must be a string, got a number"
+        );
+        // A long value is shown cut to 40 characters, marked as cut.
+        let long = "X".repeat(100);
+        assert_eq!(
+            refused("currency", json!(long)),
+            format!(
+                "currency must be a 3-letter ISO 4217 code, got \"{}…\"",
+                "X".repeat(40)
+            )
+        );
+    }
+
+    #[test]
+    fn placed_at_is_at_most_64_characters_without_control_characters() {
+        let at_limit = format!("2025-06-14T09:30:02.118Z{}", "0".repeat(64 - 24));
+        assert_eq!(at_limit.len(), 64);
+        let o = order(with("placedAt", json!(at_limit))).unwrap();
+        assert_eq!(o.placed_at.as_deref(), Some(at_limit.as_str()));
+        let o = order(with("placedAt", json!(" 2025-06-14T09:30:02Z "))).unwrap();
+        assert_eq!(o.placed_at.as_deref(), Some("2025-06-14T09:30:02Z"));
+        assert_eq!(
+            order(with("placedAt", Value::Null)).unwrap().placed_at,
+            None
+        );
+        let want = "placedAt must be a timestamp string of at most 64 characters";
+        for bad in [
+            json!(format!("{at_limit}Z")),
+            json!("2025-06-14\n09:30:02Z"),
+            json!("2025-06-14T09:30:02Z\u{0}"),
+            json!("2025-06-14T09:30\u{7f}:02Z"),
+            json!(1718357402),
+        ] {
+            assert_eq!(refused("placedAt", bad), want);
+        }
+    }
+
+    #[test]
+    fn ids_are_at_most_128_utf16_units() {
+        // 😀 is outside the BMP: two UTF-16 units, as SQL Server counts it.
+        let accepted = [
+            "a".repeat(128),
+            "😀".repeat(64),
+            format!("{}😀", "a".repeat(126)),
+            format!("  {}  ", "a".repeat(128)),
+        ];
+        for field in ["orderId", "accountId", "symbol"] {
+            for id in &accepted {
+                let o = order(with(field, json!(id)))
+                    .unwrap_or_else(|e| panic!("{field} of {} chars: {e}", id.len()));
+                let kept = match field {
+                    "orderId" => o.order_id,
+                    "accountId" => o.account_id,
+                    _ => o.symbol.to_lowercase(),
+                };
+                assert_eq!(kept, id.trim());
+            }
+            for id in [
+                "a".repeat(129),
+                format!("{}😀", "a".repeat(127)),
+                format!("{}a", "😀".repeat(64)),
+            ] {
+                assert_eq!(
+                    refused(field, json!(id)),
+                    format!(
+                        "{field} is 129 characters (UTF-16 units) long; at most 128 are allowed"
+                    )
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_a_storable_id_is_kept_for_a_rejected_payload() {
+        assert_eq!(
+            probable_order_id(&json!({"orderId": " o-1 ", "side": "hold"})),
+            Some("o-1".to_string())
+        );
+        assert_eq!(
+            probable_order_id(&json!({"orderId": "a".repeat(128)})),
+            Some("a".repeat(128))
+        );
+        for bad in [
+            json!({"orderId": "a".repeat(129)}),
+            json!({"orderId": format!("{}😀", "a".repeat(127))}),
+            json!({"orderId": "o\u{7}1"}),
+            json!({"orderId": "   "}),
+            json!({"orderId": 42}),
+            json!({"orderId": null}),
+            json!({"side": "buy"}),
+            json!("o-1"),
+        ] {
+            assert_eq!(probable_order_id(&bad), None, "{bad}");
+        }
+    }
+
+    /// The number grammar at its edges, for JSON numbers and for numeric
+    /// strings alike: both go through the same text rule.
+    #[test]
+    fn number_grammar_edges() {
+        // (text, Ok(value) or Err(part of the message))
+        let cases: [(&str, Result<&str, &str>); 12] = [
+            // A fraction needs digits on both sides of the point.
+            ("1.", Err("is not a decimal number")),
+            (".5", Err("is not a decimal number")),
+            ("1.5x", Err("is not a decimal number")),
+            ("+2.50", Ok("2.5")),
+            // The mantissa of an exponent form needs an integer part...
+            (".5e1", Err("exponent form")),
+            ("1.5xe1", Err("exponent form")),
+            ("x1e2", Err("exponent form")),
+            // ...and the exponent at most three digits, zeros included.
+            ("1E+002", Ok("100")),
+            ("25e-002", Ok("0.25")),
+            ("1e0002", Err("exponent form")),
+            ("1e+", Err("exponent form")),
+            // Kept as it is today (reported in issue 15): a mantissa with an
+            // empty fraction is accepted in exponent form only. No JSON
+            // number can be written this way; only a string can.
+            ("1.e2", Ok("100")),
+        ];
+        for (text, want) in cases {
+            let mut forms = vec![("string", json!(text))];
+            match serde_json::from_str::<Value>(text) {
+                Ok(n) => {
+                    assert!(n.is_number(), "{text}");
+                    forms.push(("number", n));
+                }
+                // Not a JSON number: only a string can carry it.
+                Err(_) => assert!(
+                    [".5", ".5e1", "1.", "1.5x", "1.5xe1", "x1e2", "1e+", "1.e2", "+2.50"]
+                        .contains(&text),
+                    "{text} should be a JSON number"
+                ),
+            }
+            for (form, v) in forms {
+                for field in ["quantity", "limitPrice"] {
+                    match (order(with(field, v.clone())), want) {
+                        (Ok(o), Ok(value)) => {
+                            let got = match field {
+                                "quantity" => o.quantity,
+                                _ => o.limit_price.unwrap(),
+                            };
+                            assert_eq!(got.to_string(), value, "{field} as {form} {text}");
+                        }
+                        (Err(e), Err(part)) => {
+                            // The message quotes the value: a string as sent,
+                            // a number as serde_json keeps its text (`1e0002`
+                            // becomes `1e+0002`).
+                            let shown = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                            assert!(
+                                e.0.starts_with(&format!("{field} \"{shown}\"")),
+                                "{field} as {form} {text}: {e}"
+                            );
+                            assert!(e.0.contains(part), "{field} as {form} {text}: {e}");
+                        }
+                        (got, _) => panic!("{field} as {form} {text}: want {want:?}, got {got:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_order_displays_as_one_line_naming_it() {
+        let o = order(with("side", json!("SELL"))).unwrap();
+        assert_eq!(o.to_string(), "o-1 sell 25 MSFT for a-1");
+    }
+
     #[test]
     fn status_only_moves_forward() {
         use OrderStatus::*;

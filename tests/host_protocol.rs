@@ -129,7 +129,11 @@ async fn statuses_follow_the_outcome_table() {
     let (h, _d) = handler().await;
     let id = unique_id("ord");
     // in_progress → 500
-    let _held = h.processor.guard().acquire(&id).await;
+    let held = h.processor.guard().acquire(&id).await;
+    assert!(
+        matches!(held, order_guard::guard::Acquisition::Acquired(_)),
+        "{held:?}"
+    );
     let a = invoke(
         &h,
         &invocation(eg_event(order_data(&id, "buy", "X", "1", "a"))),
@@ -149,11 +153,12 @@ async fn statuses_follow_the_outcome_table() {
         .contains("greater than 0"));
     // conflict → 200
     let id = unique_id("ord");
-    invoke(
+    let a = invoke(
         &h,
         &invocation(eg_event(order_data(&id, "buy", "X", "1", "a"))),
     )
     .await;
+    assert_eq!((a.status, outcome(&a)), (200, "executed"), "{}", a.body);
     let a = invoke(
         &h,
         &invocation(eg_event(order_data(&id, "buy", "X", "2", "a"))),
@@ -268,9 +273,21 @@ async fn shutdown_waits_for_in_flight_invocations() {
     }
     let addr = h.addr;
     let shutdown = tokio::spawn(h.shutdown());
-    // Shutdown has begun once the listener refuses new connections.
-    while tokio::net::TcpStream::connect(addr).await.is_ok() {
-        tokio::task::yield_now().await;
+    // Shutdown has begun once the listener refuses new connections (or
+    // resets one it had queued but will never accept: it was closed).
+    loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(_) => tokio::task::yield_now().await,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                break
+            }
+            Err(e) => panic!("connecting to {addr} failed other than by a refusal or a reset: {e}"),
+        }
     }
     assert!(
         !in_flight.is_finished(),

@@ -60,8 +60,12 @@ impl Proc {
         self.child.id().expect("the handler is running")
     }
 
+    /// The log so far (created before the process started, so a failure to
+    /// read it is a real error, not "nothing logged yet").
     fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let bytes = std::fs::read(&self.log)
+            .unwrap_or_else(|e| panic!("cannot read handler log {}: {e}", self.log.display()));
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 
     /// Wait (bounded) until the log has a line containing `needle`.

@@ -10,7 +10,10 @@ use std::time::Duration;
 use order_guard::guard::{GuardSettings, IdempotencyGuard};
 use order_guard::order::{Order, OrderStatus};
 use order_guard::processor::{GuardPolicy, OutcomeKind, Processor, ProcessorSettings};
-use order_guard::store::{OrderStore, SqliteStore};
+use order_guard::store::{
+    Admission, Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, SqliteStore,
+    StoreError,
+};
 use rust_decimal::Decimal;
 use serde_json::{json, Value};
 
@@ -371,4 +374,179 @@ async fn two_processors_sharing_redis_and_a_file_execute_once() {
         store.position(&account, "X").await.unwrap(),
         Some(dec("20"))
     );
+}
+
+/// A rejected payload keeps its order id only when that id could be stored
+/// (`RejectedEvents.OrderId` is `NVARCHAR(128)` on SQL Server): an id that is
+/// itself the reason for the rejection is not recorded as the order id, so
+/// storing the rejection cannot fail on it and the event is still kept.
+#[tokio::test]
+async fn a_poison_order_keeps_its_id_only_when_the_id_is_valid() {
+    let (store, _dir) = common::sqlite_store().await;
+    let p = common::processor(common::memory_guard(), store.clone());
+    let too_long = format!("{}😀", "o".repeat(127)); // 129 UTF-16 units
+    for (id, why) in [
+        (
+            too_long.clone(),
+            "orderId is 129 characters (UTF-16 units) long; at most 128 are allowed",
+        ),
+        (
+            "o\u{7}1".to_string(),
+            "orderId must not contain control characters",
+        ),
+        ("   ".to_string(), "orderId must not be empty"),
+    ] {
+        let event = eg_event(order_data(&id, "buy", "MSFT", "1", "a"));
+        let o = p.process_event(&event).await;
+        assert_eq!(o.outcome, OutcomeKind::Rejected, "{o:?}");
+        assert_eq!(o.order_id, None, "{o:?}");
+        assert_eq!(
+            o.reason.as_deref(),
+            Some(format!("invalid order: {why}").as_str())
+        );
+        let event_id = event["id"].as_str().unwrap();
+        let rows = store.rejections(None).await.unwrap();
+        let row = rows
+            .iter()
+            .find(|r| r.raw_event.contains(event_id))
+            .unwrap_or_else(|| panic!("no rejection without an order id for {id:?}: {rows:?}"));
+        assert_eq!(row.kind, "poison");
+        assert_eq!(row.reason, format!("invalid order: {why}"));
+        assert!(store.rejections(Some(&id)).await.unwrap().is_empty());
+    }
+    // At the limit (128 UTF-16 units) the id is kept, with the real reason.
+    let at_limit = format!("{}😀", "o".repeat(126));
+    let mut data = order_data(&at_limit, "buy", "MSFT", "1", "a");
+    data["currency"] = json!("USDX");
+    let o = p.process_event(&eg_event(data)).await;
+    assert_eq!(o.outcome, OutcomeKind::Rejected, "{o:?}");
+    assert_eq!(o.order_id.as_deref(), Some(at_limit.as_str()));
+    let why = "invalid order: currency must be a 3-letter ISO 4217 code, got \"USDX\"";
+    assert_eq!(o.reason.as_deref(), Some(why));
+    let rows = store.rejections(Some(&at_limit)).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].reason, why);
+    assert_eq!(p.counters().rejected, 4);
+}
+
+/// A conflict says which order holds the id and which one tried to reuse it,
+/// each by the first 12 hex digits of its fingerprint; the answer names the
+/// memory guard when that guard decided.
+#[tokio::test]
+async fn a_conflict_names_both_fingerprints_shortened() {
+    let (store, _dir) = common::sqlite_store().await;
+    let p = common::processor(common::memory_guard(), store.clone());
+    let id = unique_id("ord");
+    let first = order_data(&id, "buy", "MSFT", "10", "a");
+    let o = p.process_event(&eg_event(first.clone())).await;
+    assert_eq!((o.outcome, o.guard), (OutcomeKind::Executed, "memory"));
+    let changed = order_data(&id, "buy", "MSFT", "11", "a");
+    let (fp1, fp2) = (
+        Order::from_data(&first).unwrap().fingerprint().to_string(),
+        Order::from_data(&changed)
+            .unwrap()
+            .fingerprint()
+            .to_string(),
+    );
+    assert_eq!((fp1.len(), fp2.len()), (64, 64));
+    let want = format!(
+        "order id {id} is already used by a different order (fingerprint {} ≠ {})",
+        &fp1[..12],
+        &fp2[..12]
+    );
+    // Decided by the guard's completed marker, then (guard lost: a new
+    // process with an empty memory guard) by the store's unique index.
+    let restarted = common::processor(common::memory_guard(), store.clone());
+    for p in [&p, &restarted] {
+        let o = p.process_event(&eg_event(changed.clone())).await;
+        assert_eq!((o.outcome, o.guard), (OutcomeKind::Conflict, "memory"));
+        assert_eq!(o.reason.as_deref(), Some(want.as_str()));
+    }
+    let rows = store.rejections(Some(&id)).await.unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r.reason, want);
+        assert_eq!(r.fingerprint.as_deref(), Some(fp2.as_str()));
+    }
+}
+
+/// The SQLite store, except that `execute` fails (a store whose write path
+/// is failing: the position rows locked past the timeout, say).
+struct ExecuteFails(Arc<SqliteStore>);
+
+#[async_trait::async_trait]
+impl OrderStore for ExecuteFails {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    async fn migrate(&self) -> Result<(), StoreError> {
+        self.0.migrate().await
+    }
+    async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError> {
+        self.0.accept(order, event_id).await
+    }
+    async fn execute(&self, _order: &Order) -> Result<Execution, StoreError> {
+        Err(StoreError::Transient("execute is failing".into()))
+    }
+    async fn reject(&self, rejection: &Rejection) -> Result<(), StoreError> {
+        self.0.reject(rejection).await
+    }
+    async fn order(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError> {
+        self.0.order(order_id).await
+    }
+    async fn position(
+        &self,
+        account_id: &str,
+        symbol: &str,
+    ) -> Result<Option<Decimal>, StoreError> {
+        self.0.position(account_id, symbol).await
+    }
+    async fn rejections(&self, order_id: Option<&str>) -> Result<Vec<RejectedRecord>, StoreError> {
+        self.0.rejections(order_id).await
+    }
+}
+
+/// An order the store already holds as executed is a duplicate on the
+/// store's word alone, even when the guard has forgotten it (a restarted
+/// process: empty memory guard): it is answered `duplicate` without asking
+/// the store to execute anything, so a failing execute path cannot turn a
+/// finished order into a retry, and the guard learns it is done.
+#[tokio::test]
+async fn an_executed_order_is_a_duplicate_without_another_execution() {
+    let (store, _dir) = common::sqlite_store().await;
+    let account = unique_id("acct");
+    let id = unique_id("ord");
+    let data = order_data(&id, "buy", "MSFT", "10", &account);
+    let before = common::processor(common::memory_guard(), store.clone());
+    assert_eq!(
+        before.process_event(&eg_event(data.clone())).await.outcome,
+        OutcomeKind::Executed
+    );
+    let guard = common::memory_guard();
+    let restarted = common::processor(guard.clone(), Arc::new(ExecuteFails(store.clone())));
+    let o = restarted.process_event(&eg_event(data.clone())).await;
+    assert_eq!(
+        (o.outcome, o.reason.as_deref()),
+        (OutcomeKind::Duplicate, None),
+        "{o:?}"
+    );
+    let entry = guard.inspect(&id).await.unwrap();
+    assert_eq!(entry.value.as_deref(), Some("COMPLETADA"));
+    let fp = Order::from_data(&data).unwrap().fingerprint().to_string();
+    assert_eq!(entry.fingerprint, Some(fp));
+    let row = store.order(&id).await.unwrap().unwrap();
+    assert_eq!((row.status, row.attempts), (OrderStatus::Executed, 1));
+    assert_eq!(
+        store.position(&account, "MSFT").await.unwrap(),
+        Some(dec("10"))
+    );
+    // The same restarted processor cannot execute a new order: its execute
+    // path really is failing.
+    let fresh = unique_id("ord");
+    let o = restarted
+        .process_event(&eg_event(order_data(&fresh, "buy", "MSFT", "1", &account)))
+        .await;
+    assert_eq!(o.outcome, OutcomeKind::Retry, "{o:?}");
+    assert!(o.reason.unwrap().contains("execute is failing"));
+    assert_eq!(guard.inspect(&fresh).await.unwrap().value, None, "released");
 }

@@ -184,3 +184,109 @@ impl IdempotencyGuard for MemoryGuard {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Reservations live this long in these tests; completed markers an hour.
+    const PROCESSING_TTL: Duration = Duration::from_millis(400);
+
+    fn guard() -> MemoryGuard {
+        MemoryGuard::new(GuardSettings {
+            prefix: "orden:".into(),
+            processing_ttl: PROCESSING_TTL,
+            completed_ttl: Duration::from_secs(3600),
+        })
+    }
+
+    /// Entries held in memory, live or not (what the sweep bounds).
+    fn held(g: &MemoryGuard) -> usize {
+        g.entries().map.len()
+    }
+
+    async fn reserve(g: &MemoryGuard, ids: impl IntoIterator<Item = String>) {
+        for id in ids {
+            match g.acquire(&id).await {
+                Acquisition::Acquired(_) => {}
+                other => panic!("{id}: want Acquired, got {other:?}"),
+            }
+        }
+    }
+
+    async fn complete(g: &MemoryGuard, ids: impl IntoIterator<Item = String>) {
+        for id in ids {
+            g.complete(&id, &format!("fp-{id}")).await.unwrap();
+        }
+    }
+
+    fn ids(tag: &str, n: usize) -> impl Iterator<Item = String> + '_ {
+        (0..n).map(move |i| format!("{tag}-{i}"))
+    }
+
+    /// Let every reservation taken so far expire (the TTL is under test).
+    async fn outlive_reservations() {
+        tokio::time::sleep(PROCESSING_TTL + Duration::from_millis(50)).await;
+    }
+
+    /// Live reservations and completed markers answer as before a sweep;
+    /// expired reservations are gone.
+    async fn assert_survivors(g: &MemoryGuard, live: &[String], done: &[String], gone: &[String]) {
+        for id in live {
+            assert_eq!(g.acquire(id).await, Acquisition::InProgress, "{id}");
+        }
+        for id in done {
+            assert_eq!(
+                g.acquire(id).await,
+                Acquisition::Completed {
+                    fingerprint: Some(format!("fp-{id}"))
+                },
+                "{id}"
+            );
+        }
+        for id in gone {
+            assert_eq!(g.inspect(id).await.unwrap().value, None, "{id}");
+        }
+    }
+
+    /// Expired keys are dropped in sweeps, not one by one: a sweep runs when
+    /// an acquire finds the map past twice its size after the last sweep (at
+    /// least 2 × 1024), and keeps exactly the live entries. Memory stays
+    /// bounded by the live keys while sweeping costs amortised O(1).
+    #[tokio::test]
+    async fn sweeps_wait_for_the_map_to_double_and_keep_only_live_entries() {
+        let g = guard();
+
+        // Round 1: the first sweep waits for 2 × 1024 entries.
+        let gone1: Vec<String> = ids("gone1", 1000).collect();
+        reserve(&g, gone1.clone()).await;
+        outlive_reservations().await;
+        let live1: Vec<String> = ids("live1", 400).collect();
+        let done1: Vec<String> = ids("done1", 648).collect();
+        reserve(&g, live1.clone()).await;
+        complete(&g, done1.clone()).await;
+        assert_eq!(held(&g), 2048, "no sweep below the threshold");
+        reserve(&g, ["t1".to_string()]).await;
+        assert_eq!(held(&g), 2049, "no sweep at the threshold itself");
+        reserve(&g, ["t2".to_string()]).await;
+        // Swept before t2 was added: live1 + done1 + t1 stay, gone1 is dropped.
+        assert_eq!(held(&g), 400 + 648 + 1 + 1);
+        assert_survivors(&g, &live1, &done1, &gone1[..50]).await;
+
+        // Round 2: the next sweep waits for twice the 1049 entries the last
+        // one kept (2098), not for the 2048 floor.
+        let gone2: Vec<String> = ids("gone2", 2098 - 1050).collect();
+        reserve(&g, gone2.clone()).await;
+        assert_eq!(held(&g), 2098);
+        outlive_reservations().await;
+        // Every reservation is expired now; only done1 is live.
+        reserve(&g, ["t3".to_string()]).await;
+        assert_eq!(held(&g), 2099, "no sweep at twice the last kept size");
+        reserve(&g, ["t4".to_string()]).await;
+        assert_eq!(held(&g), 648 + 1 + 1, "done1 + t3, then t4");
+        let gone: Vec<String> = live1.iter().chain(&gone2[..50]).cloned().collect();
+        assert_survivors(&g, &["t3".into(), "t4".into()], &done1, &gone).await;
+    }
+}
