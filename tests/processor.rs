@@ -482,6 +482,9 @@ impl OrderStore for ExecuteFails {
     async fn migrate(&self) -> Result<(), StoreError> {
         self.0.migrate().await
     }
+    async fn identity(&self) -> Result<String, StoreError> {
+        self.0.identity().await
+    }
     async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError> {
         self.0.accept(order, event_id).await
     }
@@ -533,7 +536,8 @@ async fn an_executed_order_is_a_duplicate_without_another_execution() {
     let entry = guard.inspect(&id).await.unwrap();
     assert_eq!(entry.value.as_deref(), Some("COMPLETADA"));
     let fp = Order::from_data(&data).unwrap().fingerprint().to_string();
-    assert_eq!(entry.fingerprint, Some(fp));
+    let marker = order_guard::processor::completion_marker(&store.identity().await.unwrap(), &fp);
+    assert_eq!(entry.fingerprint, Some(marker));
     let row = store.order(&id).await.unwrap().unwrap();
     assert_eq!((row.status, row.attempts), (OrderStatus::Executed, 1));
     assert_eq!(

@@ -199,6 +199,7 @@ mod tests {
             prefix: "orden:".into(),
             processing_ttl: PROCESSING_TTL,
             completed_ttl: Duration::from_secs(3600),
+            ..GuardSettings::default()
         })
     }
 
