@@ -128,10 +128,18 @@ pub async fn build_processor(config: &Config) -> anyhow::Result<Arc<Processor>> 
 /// (the host shuts down after 3 of those).
 const MIGRATE_AT_START_PATIENCE: Duration = Duration::from_secs(20);
 
-/// How long `serve` waits for the SQL Server schema before it listens anyway.
-const SQLSERVER_MIGRATE_AT_START: Duration = Duration::from_secs(10);
+/// How long `serve` waits for the SQL Server schema before it listens anyway:
+/// short, since nothing is executed or stored before the schema is verified
+/// (the store's gate answers `retry`), and a handler that is not listening
+/// fails every delivery sent to it meanwhile.
+const SQLSERVER_MIGRATE_AT_START: Duration = Duration::from_secs(3);
 
-/// Keep migrating (back-off up to 30 s) until it succeeds, logging each miss.
+/// Longest pause between two background migration attempts: an attempt is
+/// one connection, and the gate holds every order until one succeeds.
+const MIGRATE_RETRY_MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// Keep migrating (back-off up to [`MIGRATE_RETRY_MAX_PAUSE`]) until it
+/// succeeds, logging each miss.
 fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) {
     log::error!(
         "{} schema not checked at start ({first_error}); retrying in the background, and invocations answer `retry` until it succeeds",
@@ -149,10 +157,10 @@ fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) {
                 Err(e) => log::error!(
                     "{} schema still not checked ({e}); next try in {} s",
                     store.name(),
-                    (pause * 2).min(Duration::from_secs(30)).as_secs()
+                    (pause * 2).min(MIGRATE_RETRY_MAX_PAUSE).as_secs()
                 ),
             }
-            pause = (pause * 2).min(Duration::from_secs(30));
+            pause = (pause * 2).min(MIGRATE_RETRY_MAX_PAUSE);
         }
     });
 }
