@@ -250,3 +250,50 @@ async fn guard_works_when_redis_starts_after_it() {
     }
     panic!("guard never connected after Redis came up");
 }
+
+/// An acquire that times out on a hung Redis (paused, not down) still runs
+/// when Redis resumes. It must not leave a reservation nobody owns: that
+/// would answer every redelivery `in_progress` for the whole processing TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_that_timed_out_on_a_hung_redis_leaves_no_reservation() {
+    let server = RedisServer::start();
+    let g = common::redis_guard(&server, settings(300, 86_400));
+    token(g.acquire(&unique_id("warm")).await);
+    let id = unique_id("o");
+    let key = format!("orden:{id}");
+
+    let pid = server.pid().unwrap();
+    common::signal(pid, "STOP");
+    // Resume Redis even if an assertion below fails.
+    struct Cont(u32);
+    impl Drop for Cont {
+        fn drop(&mut self) {
+            common::signal(self.0, "CONT");
+        }
+    }
+    let cont = Cont(pid);
+    match g.acquire(&id).await {
+        // Whichever timeout fires first: redis-rs' response timeout or ours.
+        Acquisition::Unavailable(why) => assert!(
+            why.contains("timed out") || why.contains("did not answer within"),
+            "{why}"
+        ),
+        other => panic!("want Unavailable while Redis is hung, got {other:?}"),
+    }
+    drop(cont);
+
+    // A command on the guard's connection runs after the late acquire: once
+    // it is answered, the late acquire has run too.
+    g.inspect(&unique_id("after")).await.unwrap();
+    let started = std::time::Instant::now();
+    while let Some(value) = server.get(&key) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{key} still holds {value:?} (TTL {} s): a reservation nobody owns",
+            server.ttl(&key)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The redelivery gets the order.
+    token(g.acquire(&id).await);
+}

@@ -252,6 +252,39 @@ mod tests {
         }
     }
 
+    /// An entry is expired from its expiry instant on (as a Redis key is):
+    /// lookups and sweeps agree on that instant, so a sweep keeps no entry
+    /// that a lookup would already treat as gone.
+    #[test]
+    fn an_entry_is_expired_at_its_expiry_instant_for_lookups_and_sweeps() {
+        let now = Instant::now();
+        let entry = |expires_at| Entry {
+            value: COMPLETED.to_string(),
+            fingerprint: None,
+            expires_at,
+        };
+        let mut entries = Entries::default();
+        entries.map.insert("due".into(), entry(now));
+        entries
+            .map
+            .insert("later".into(), entry(now + Duration::from_nanos(1)));
+        assert!(entries.live("due", now).is_none());
+        assert!(entries.live("later", now).is_some());
+
+        let mut entries = Entries::default();
+        for i in 0..2049 {
+            let at = if i % 2 == 0 {
+                now
+            } else {
+                now + Duration::from_nanos(1)
+            };
+            entries.map.insert(format!("o{i}"), entry(at));
+        }
+        entries.maybe_sweep(now);
+        assert_eq!(entries.map.len(), 1024, "only the entries not yet due");
+        assert!(entries.map.values().all(|e| e.expires_at > now));
+    }
+
     /// Expired keys are dropped in sweeps, not one by one: a sweep runs when
     /// an acquire finds the map past twice its size after the last sweep (at
     /// least 2 × 1024), and keeps exactly the live entries. Memory stays
