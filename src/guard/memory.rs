@@ -262,6 +262,7 @@ mod tests {
             value: COMPLETED.to_string(),
             fingerprint: None,
             expires_at,
+            owner_deadline: None,
         };
         let mut entries = Entries::default();
         entries.map.insert("due".into(), entry(now));
