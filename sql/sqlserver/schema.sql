@@ -1,4 +1,4 @@
--- order-guard schema for SQL Server / Azure SQL (version 1).
+-- order-guard schema for SQL Server / Azure SQL (version 2).
 --
 -- Applied by `order-guard migrate` (and at `serve` start) inside one
 -- transaction that first takes an exclusive application lock
@@ -115,6 +115,8 @@ IF NOT EXISTS (SELECT 1 FROM dbo.StoreIdentity)
     INSERT INTO dbo.StoreIdentity (Id) VALUES (LOWER(CONVERT(NVARCHAR(36), NEWID())));
 GO
 
-IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 1)
-    INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (1, SYSUTCDATETIME());
+-- Version 2: version 1 plus StoreIdentity. The row is written last, in the
+-- migration's transaction: when it is there, everything above is.
+IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 2)
+    INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (2, SYSUTCDATETIME());
 GO

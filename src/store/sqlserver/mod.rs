@@ -394,6 +394,15 @@ fn commit_batch() -> Result<&'static str, SqlError> {
 }
 
 async fn migrate_on(client: &mut Client) -> Result<(), SqlError> {
+    let current = client
+        .query(sql::SCHEMA_IS_CURRENT, &[&sql::SCHEMA_VERSION])
+        .await?
+        .into_row()
+        .await?
+        .and_then(|r| r.get::<i32, _>(0));
+    if current.unwrap_or(0) > 0 {
+        return Ok(());
+    }
     run(client, sql::BEGIN).await?;
     run(client, sql::LOCK_SCHEMA).await?;
     for batch in sql::schema_batches() {

@@ -53,6 +53,18 @@ pub fn schema_batches() -> Vec<&'static str> {
 pub const LOCK_SCHEMA: &str = "EXEC sp_getapplock @Resource = N'order-guard:schema', \
      @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = -1";
 
+/// The schema version this build writes (the last batch of [`SCHEMA`]).
+pub const SCHEMA_VERSION: i32 = 2;
+
+/// `migrate`'s fast path, one round trip without locks: 1 when the current
+/// version's row is there (written last, in the migration's transaction, so
+/// everything before it is there too). A start, a restart or a scale-out
+/// then costs one query instead of queueing on the migration's lock.
+/// P1 the version.
+pub const SCHEMA_IS_CURRENT: &str = "IF OBJECT_ID(N'dbo.SchemaVersion', N'U') IS NULL \
+     SELECT 0 AS IsCurrent \
+     ELSE SELECT COUNT(*) AS IsCurrent FROM dbo.SchemaVersion WHERE Version = @P1";
+
 /// Starts the explicit transactions of `migrate` and `execute` (sent as a
 /// plain batch so the transaction outlives it; later RPCs carry its
 /// descriptor).
@@ -173,6 +185,7 @@ pub const FAULT_FAILING_COMMIT: &str = "SELECT 1 / 0 AS FaultInjectedInsteadOfCo
 
 /// Every statement above, for the parse check in `tests/sqlserver.rs`.
 pub const ALL: &[&str] = &[
+    SCHEMA_IS_CURRENT,
     LOCK_SCHEMA,
     BEGIN,
     COMMIT_AND_COUNT,
