@@ -23,7 +23,9 @@ case "${1:-}" in
     db=${2:?database name}
     [ -x "$tool" ] || { echo "no T-SQL engine at $tool (set TSQL_SERVER to its tsql-server command)" >&2; exit 1; }
     # Babelfish loads the uuid-ossp extension, which needs libossp-uuid.
-    if ! ldconfig -p | grep -q 'libossp-uuid\.so\.16'; then
+    # grep without -q reads all of ldconfig's output: with -q and pipefail,
+    # an early exit would SIGPIPE ldconfig and read as "not found".
+    if ! ldconfig -p | grep 'libossp-uuid\.so\.16' >/dev/null; then
       echo "==> libossp-uuid16 (needed by the T-SQL engine) not found: installing it with apt-get" >&2
       SUDO=""
       [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -278,11 +278,23 @@ async fn duplicates_from_several_processes_at_once_execute_each_order_once() {
         assert_eq!(field("executed") + field("duplicates"), 20, "{summary}");
         executed += field("executed");
     }
-    assert_eq!(executed, 20, "each order executed by exactly one process");
+    // No order is answered `executed` twice. (Fewer than 20 `executed`
+    // answers is allowed: a call that timed out while its COMMIT went
+    // through is answered `retry`, and its redelivery `duplicate`; the
+    // database below says whether the effect happened, once.)
+    assert!(
+        executed <= 20,
+        "{executed} `executed` answers for 20 orders"
+    );
     let store = common::mssql_store(&cs, Duration::from_secs(20)).await;
+    for id in &ids {
+        let row = store.order(id).await.unwrap().expect("every order stored");
+        assert_eq!(row.status, OrderStatus::Executed, "{id}");
+    }
     assert_eq!(
         store.position(&account, "MSFT").await.unwrap(),
-        Some(dec("40"))
+        Some(dec("40")),
+        "each of the 20 orders took effect exactly once"
     );
 }
 
