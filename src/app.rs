@@ -318,16 +318,24 @@ pub async fn replay(
     summary
 }
 
-/// `status ORDER_ID`: the guard key beside the store's row, as text.
-pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<String> {
-    use std::fmt::Write;
+/// Guard and store for an operator command, the store's schema verified
+/// first (idempotent): the store answers nothing before that.
+async fn open_checked(
+    config: &Config,
+) -> anyhow::Result<(Arc<dyn IdempotencyGuard>, Arc<dyn OrderStore>)> {
     let guard = build_guard(config)?;
     let store = build_store(config).await?;
-    // The store answers nothing before its schema is verified (idempotent).
     store
         .migrate()
         .await
         .with_context(|| format!("checking the {} schema", store.name()))?;
+    Ok((guard, store))
+}
+
+/// `status ORDER_ID`: the guard key beside the store's row, as text.
+pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<String> {
+    use std::fmt::Write;
+    let (guard, store) = open_checked(config).await?;
     let mut out = String::new();
     let key = config.guard_settings.key(order_id);
     match (&config.guard, guard.inspect(order_id).await) {
@@ -435,12 +443,7 @@ impl std::fmt::Display for PruneSummary {
 /// Markers of other databases sharing the cache, and unbound ones, are left
 /// alone (the processor already asks the store about those).
 pub async fn prune_guard(config: &Config, dry_run: bool) -> anyhow::Result<PruneSummary> {
-    let guard = build_guard(config)?;
-    let store = build_store(config).await?;
-    store
-        .migrate()
-        .await
-        .with_context(|| format!("checking the {} schema", store.name()))?;
+    let (guard, store) = open_checked(config).await?;
     let identity = store.identity().await?;
     let prefix = format!("{identity}/");
     let mut summary = PruneSummary {

@@ -1033,23 +1033,11 @@ fn server_port(cs: &str) -> u16 {
 
 /// `cs` with its server replaced by the proxy on loopback.
 fn through_proxy(cs: &str, port: u16) -> String {
-    cs.split(';')
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| {
-            let key = p
-                .split('=')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase();
-            if key == "server" || key == "data source" {
-                format!("Server=tcp:127.0.0.1,{port}")
-            } else {
-                p.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(";")
+    common::ado_without(
+        cs,
+        &["server", "data source"],
+        &format!("Server=tcp:127.0.0.1,{port}"),
+    )
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -263,15 +263,8 @@ async fn an_acquire_that_timed_out_on_a_hung_redis_leaves_no_reservation() {
     let key = format!("orden:{id}");
 
     let pid = server.pid().unwrap();
-    common::signal(pid, "STOP");
-    // Resume Redis even if an assertion below fails.
-    struct Cont(u32);
-    impl Drop for Cont {
-        fn drop(&mut self) {
-            common::signal(self.0, "CONT");
-        }
-    }
-    let cont = Cont(pid);
+    // Resumed when dropped, even if an assertion below fails.
+    let cont = common::pause(pid);
     match g.acquire(&id).await {
         // Whichever timeout fires first: redis-rs' response timeout or ours.
         Acquisition::Unavailable(why) => assert!(

@@ -406,15 +406,8 @@ async fn hung_redis_gives_an_answer_not_a_stuck_invocation() {
     }
 
     let pid = redis.pid().unwrap();
-    common::signal(pid, "STOP");
-    // Resume Redis even if an assertion below fails (it is killed on drop anyway).
-    struct Cont(u32);
-    impl Drop for Cont {
-        fn drop(&mut self) {
-            common::signal(self.0, "CONT");
-        }
-    }
-    let cont = Cont(pid);
+    // Resumed when dropped, even if an assertion below fails.
+    let cont = common::pause(pid);
 
     // Both answer while Redis is still hung.
     let id = common::unique_id("hung");

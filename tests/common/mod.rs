@@ -191,6 +191,22 @@ pub fn processor(guard: Arc<dyn IdempotencyGuard>, store: Arc<dyn OrderStore>) -
     Arc::new(Processor::new(guard, store, ProcessorSettings::default()))
 }
 
+/// A process stopped with SIGSTOP, resumed (SIGCONT) when this is dropped,
+/// so an assertion that fails meanwhile cannot leave it hung.
+pub struct Paused(u32);
+
+/// SIGSTOP `pid` until the returned guard is dropped.
+pub fn pause(pid: u32) -> Paused {
+    signal(pid, "STOP");
+    Paused(pid)
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        signal(self.0, "CONT");
+    }
+}
+
 /// The SQL Server to test against: `ORDER_GUARD_TEST_MSSQL` (an ADO.NET
 /// string; `scripts/test.sh` starts the T-SQL engine and sets it). `None`
 /// after saying, once and on the real stderr, that the SQL Server tests of
@@ -245,6 +261,25 @@ pub async fn mssql_raw_client(cs: &str) -> order_guard::store::sqlserver::pool::
         .expect("cannot open a test connection to the SQL Server under test")
 }
 
+/// `cs` without the settings named by `keys` (any case), plus `extra`.
+pub fn ado_without(cs: &str, keys: &[&str], extra: &str) -> String {
+    let mut parts: Vec<String> = cs
+        .split(';')
+        .filter(|p| {
+            let key = p
+                .split('=')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            !p.trim().is_empty() && !keys.contains(&key.as_str())
+        })
+        .map(str::to_string)
+        .collect();
+    parts.push(extra.to_string());
+    parts.join(";")
+}
+
 /// A new, empty database on the server of `cs`, and its connection string.
 pub async fn mssql_fresh_database(cs: &str) -> String {
     let name = format!("og_{}", uuid::Uuid::new_v4().simple());
@@ -257,21 +292,11 @@ pub async fn mssql_fresh_database(cs: &str) -> String {
             .await
     };
     created.await.expect("CREATE DATABASE on the test server");
-    let mut parts: Vec<String> = cs
-        .split(';')
-        .filter(|p| {
-            let key = p
-                .split('=')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase();
-            !p.trim().is_empty() && key != "initial catalog" && key != "database"
-        })
-        .map(str::to_string)
-        .collect();
-    parts.push(format!("Initial Catalog={name}"));
-    parts.join(";")
+    ado_without(
+        cs,
+        &["initial catalog", "database"],
+        &format!("Initial Catalog={name}"),
+    )
 }
 
 /// A T-SQL engine of a test's own on a free port, in its own state folder,
