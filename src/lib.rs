@@ -2,12 +2,14 @@
 //! orders exactly once in effect.
 //!
 //! Data flows one way (see `docs/architecture.md`):
-//! [`host`] → [`event`] → [`order`] → [`processor`] → [`guard`] / [`store`].
+//! [`host`] → [`event`] → [`order`] → [`processor`] → [`guard`] / [`store`];
+//! the processor performs the steps that [`decision`] (pure) chooses.
 //! [`config`] reads the environment; [`app`] wires the pieces together for the
 //! binary's commands.
 
 pub mod app;
 pub mod config;
+pub mod decision;
 pub mod event;
 pub mod faults;
 pub mod guard;

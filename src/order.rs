@@ -61,7 +61,7 @@ impl FromStr for Side {
 
 /// State of an order in the store. It only ever moves forward:
 /// `Received → Executed` or `Received → Rejected`; never back, never twice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OrderStatus {
     Received,
     Executed,

@@ -22,59 +22,16 @@ use fail::fail_point;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::decision::{
+    completed_verdict, held_elsewhere_verdict, CompletedVerdict, Decision, HeldElsewhere, Reply,
+    Step, Why,
+};
+pub use crate::decision::{completion_marker, GuardPolicy, OutcomeKind};
 use crate::event::{normalize, parse_envelope, Delivery};
 use crate::faults;
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
 use crate::order::{probable_order_id, Order};
-use crate::store::{
-    Admission, Execution, OrderRecord, OrderStore, Rejection, RejectionKind, StoreError,
-};
-
-/// How one event ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutcomeKind {
-    /// This delivery did the work.
-    Executed,
-    /// Already done; nothing happened.
-    Duplicate,
-    /// Another live worker holds the order: try again later.
-    InProgress,
-    /// Same id, different content: stored in `RejectedEvents`.
-    Conflict,
-    /// Invalid event or order (poison): stored in `RejectedEvents`.
-    Rejected,
-    /// A dependency failed: try again later.
-    Retry,
-}
-
-impl OutcomeKind {
-    pub const ALL: [OutcomeKind; 6] = [
-        OutcomeKind::Executed,
-        OutcomeKind::Duplicate,
-        OutcomeKind::InProgress,
-        OutcomeKind::Conflict,
-        OutcomeKind::Rejected,
-        OutcomeKind::Retry,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutcomeKind::Executed => "executed",
-            OutcomeKind::Duplicate => "duplicate",
-            OutcomeKind::InProgress => "in_progress",
-            OutcomeKind::Conflict => "conflict",
-            OutcomeKind::Rejected => "rejected",
-            OutcomeKind::Retry => "retry",
-        }
-    }
-
-    /// Must Event Grid deliver this event again? Only if its effect is not
-    /// durable yet: never acknowledge work that might not happen.
-    pub fn needs_redelivery(self) -> bool {
-        matches!(self, OutcomeKind::InProgress | OutcomeKind::Retry)
-    }
-}
+use crate::store::{Admission, OrderStore, Rejection, RejectionKind, StoreError};
 
 /// One event's result, as the host and `replay` report it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -104,16 +61,6 @@ impl TriggerResult {
     pub fn needs_redelivery(&self) -> bool {
         self.outcomes.iter().any(|o| o.outcome.needs_redelivery())
     }
-}
-
-/// What to do when the guard cannot be reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GuardPolicy {
-    /// Go on without it: the unique index and forward-only status still keep
-    /// the effect single; only the fast duplicate path is lost.
-    Proceed,
-    /// Answer `retry` and let Event Grid come back later.
-    Retry,
 }
 
 /// Processor settings.
@@ -322,147 +269,222 @@ impl Processor {
         outcome
     }
 
+    /// Steps 1–4, as [`Decision`] orders them: this function only performs
+    /// each step and hands its answer back.
     async fn process_order(&self, w: &Work<'_>) -> Outcome {
+        let mut facts = Facts {
+            token: None,
+            existing: None,
+            failure: None,
+            guard_label: self.guard.name(),
+        };
+        let (mut decision, mut step) = Decision::start(self.settings.on_guard_unavailable);
+        loop {
+            let reply = match step {
+                Step::Answer(kind, why) => return self.answer(w, kind, why, &facts),
+                Step::Acquire => self.acquire(w, &mut facts).await,
+                Step::ReadRow => self.read_row(w, &mut facts).await,
+                Step::Accept => self.accept(w, &mut facts).await,
+                Step::Execute => self.execute(w, &mut facts).await,
+                Step::StoreConflict => self.store_conflict(w, &mut facts).await,
+                Step::MarkCompleted => {
+                    if tokio::time::timeout_at(w.deadline, self.mark_completed(w))
+                        .await
+                        .is_err()
+                    {
+                        log::warn!(
+                            "order {}: done, but the guard was not marked {} by the internal deadline",
+                            w.order.order_id,
+                            crate::guard::COMPLETED
+                        );
+                    }
+                    Reply::Done
+                }
+                Step::Release => {
+                    self.release(&w.order, facts.token.take().as_ref()).await;
+                    Reply::Done
+                }
+            };
+            (decision, step) = decision.next(&reply);
+        }
+    }
+
+    /// Step 1: reserve the id (bounded by the event's deadline).
+    async fn acquire(&self, w: &Work<'_>, facts: &mut Facts) -> Reply {
         let order = &w.order;
-        let mut guard_label = self.guard.name();
         let acquired = tokio::time::timeout_at(w.deadline, self.guard.acquire(&order.order_id))
             .await
             .unwrap_or_else(|_| Acquisition::Unavailable("internal deadline passed".into()));
-        let token = match acquired {
-            Acquisition::Acquired(t) => Some(t),
+        match acquired {
+            Acquisition::Acquired(t) => {
+                facts.token = Some(t);
+                Reply::Acquired { taken_over: false }
+            }
             Acquisition::TakenOver(t) => {
                 self.counters.takeovers.fetch_add(1, Ordering::Relaxed);
                 log::warn!(
                     "order {}: took over a reservation whose owner passed its deadline (a worker killed or stuck); the store decides what is left to do",
                     order.order_id
                 );
-                Some(t)
+                facts.token = Some(t);
+                Reply::Acquired { taken_over: true }
             }
             Acquisition::Completed { fingerprint } => {
                 let ours = self.store_identity(w.deadline).await;
-                match completed_verdict(fingerprint.as_deref(), ours, order.fingerprint()) {
-                    CompletedVerdict::Duplicate => {
-                        return self.outcome(w, OutcomeKind::Duplicate, None, guard_label)
-                    }
-                    // A different order reuses a completed id: keep it, do nothing.
-                    CompletedVerdict::Conflict(fp) => {
-                        return self.conflict(w, fp, None, guard_label).await
-                    }
-                    // Another database's marker, an unbound one, or our own
-                    // identity unknown: the store decides.
-                    CompletedVerdict::AskStore => None,
+                let verdict = completed_verdict(fingerprint.as_deref(), ours, order.fingerprint());
+                if let CompletedVerdict::Conflict(fp) = &verdict {
+                    facts.existing = Some(fp.clone());
                 }
+                Reply::Completed(verdict)
             }
-            Acquisition::InProgress => return self.held_elsewhere(w, guard_label).await,
+            Acquisition::InProgress => Reply::Held,
             Acquisition::Unavailable(why) => {
                 self.counters
                     .guard_unavailable
                     .fetch_add(1, Ordering::Relaxed);
-                guard_label = "unavailable";
-                match self.settings.on_guard_unavailable {
-                    GuardPolicy::Retry => {
-                        return self.outcome(
-                            w,
-                            OutcomeKind::Retry,
-                            Some(format!(
-                                "guard unavailable ({why}) and GUARD_UNAVAILABLE=retry"
-                            )),
-                            guard_label,
-                        )
-                    }
-                    GuardPolicy::Proceed => {
-                        log::warn!(
-                            "order {}: guard unavailable ({why}); proceeding on the store's unique index",
-                            order.order_id
-                        );
-                        None
-                    }
+                facts.guard_label = "unavailable";
+                if self.settings.on_guard_unavailable == GuardPolicy::Proceed {
+                    log::warn!(
+                        "order {}: guard unavailable ({why}); proceeding on the store's unique index",
+                        order.order_id
+                    );
                 }
-            }
-        };
-        let use_guard = guard_label != "unavailable";
-        match tokio::time::timeout_at(w.deadline, self.steps(w, use_guard)).await {
-            Ok(Ok(kind)) => self.outcome(w, kind, None, guard_label),
-            Ok(Err(Stop::Conflict(existing))) => {
-                self.conflict(w, existing, token.as_ref(), guard_label)
-                    .await
-            }
-            Ok(Err(Stop::Store(e))) => {
-                self.release(order, token.as_ref()).await;
-                self.outcome(w, OutcomeKind::Retry, Some(e.to_string()), guard_label)
-            }
-            Err(_) => {
-                self.release(order, token.as_ref()).await;
-                let why = format!(
-                    "internal deadline of {} ms passed; Event Grid will retry",
-                    self.settings.deadline.as_millis()
-                );
-                self.outcome(w, OutcomeKind::Retry, Some(why), guard_label)
+                facts.failure = Some(format!("guard unavailable ({why})"));
+                Reply::GuardUnavailable
             }
         }
     }
 
-    /// Another reservation holds the order. Its owner may be dead with the
-    /// order already done (killed after the commit, or its `complete` lost in
-    /// a Redis outage): the store decides. A terminal row with our content is
-    /// a `duplicate`, and `COMPLETADA` is written again so the next copy is
-    /// answered from Redis; other content is a `conflict`; anything else
-    /// (no row, still `Received`, the store unreachable) is `in_progress`.
-    async fn held_elsewhere(&self, w: &Work<'_>, guard_label: &'static str) -> Outcome {
-        let order = &w.order;
-        let row = tokio::time::timeout_at(w.deadline, self.store.order(&order.order_id)).await;
+    /// Another reservation holds the order; its owner may be dead with the
+    /// order already done (killed after the commit, or its `COMPLETADA` lost
+    /// in a Redis outage): read the row. An unreadable row is no evidence.
+    async fn read_row(&self, w: &Work<'_>, facts: &mut Facts) -> Reply {
+        let row = tokio::time::timeout_at(w.deadline, self.store.order(&w.order.order_id)).await;
         let row = match row {
             Ok(Ok(row)) => row,
             Ok(Err(_)) | Err(_) => None,
         };
-        match held_elsewhere_verdict(row.as_ref(), order.fingerprint()) {
-            HeldElsewhere::Done => {
-                self.mark_completed(w).await;
-                self.outcome(w, OutcomeKind::Duplicate, None, guard_label)
+        let verdict = held_elsewhere_verdict(
+            row.as_ref().map(|r| (r.fingerprint.as_str(), r.status)),
+            w.order.fingerprint(),
+        );
+        if let HeldElsewhere::Conflict(fp) = &verdict {
+            facts.existing = Some(fp.clone());
+        }
+        Reply::Row(verdict)
+    }
+
+    /// Step 2: insert the order under the unique index.
+    async fn accept(&self, w: &Work<'_>, facts: &mut Facts) -> Reply {
+        let accepted = self
+            .by_deadline(w, async {
+                fail_point!(faults::AFTER_GUARD_ACQUIRE, |arg| Err(fault(
+                    faults::AFTER_GUARD_ACQUIRE,
+                    arg
+                )));
+                let admission = self.store.accept(&w.order, w.event_id).await?;
+                fail_point!(faults::AFTER_ACCEPT, |arg| Err(fault(
+                    faults::AFTER_ACCEPT,
+                    arg
+                )));
+                Ok(admission)
+            })
+            .await;
+        match accepted {
+            Ok(admission) => {
+                if let Admission::Conflict {
+                    existing_fingerprint,
+                } = &admission
+                {
+                    facts.existing = Some(existing_fingerprint.clone());
+                }
+                Reply::Admitted(admission)
             }
-            HeldElsewhere::Conflict(existing) => {
-                self.conflict(w, existing, None, guard_label).await
+            Err(e) => {
+                facts.failure = Some(e.to_string());
+                Reply::Failed
             }
-            HeldElsewhere::InProgress => self.outcome(
-                w,
-                OutcomeKind::InProgress,
-                Some("another worker holds this order; retry later".into()),
-                guard_label,
-            ),
         }
     }
 
-    /// Steps 2–4. `Ok` is a final outcome; a conflict or store failure stops.
-    async fn steps(&self, w: &Work<'_>, use_guard: bool) -> Result<OutcomeKind, Stop> {
-        let order = &w.order;
-        fail_point!(faults::AFTER_GUARD_ACQUIRE, |arg| Err(Stop::fault(
-            faults::AFTER_GUARD_ACQUIRE,
-            arg
-        )));
-        let admission = self.store.accept(order, w.event_id).await?;
-        fail_point!(faults::AFTER_ACCEPT, |arg| Err(Stop::fault(
-            faults::AFTER_ACCEPT,
-            arg
-        )));
-        let kind = match admission {
-            Admission::Conflict {
-                existing_fingerprint,
-            } => return Err(Stop::Conflict(existing_fingerprint)),
-            Admission::AlreadyDone(_) => OutcomeKind::Duplicate,
-            Admission::New | Admission::Resumed => match self.store.execute(order).await? {
-                Execution::Executed => OutcomeKind::Executed,
-                Execution::AlreadyDone => OutcomeKind::Duplicate,
-            },
-        };
-        fail_point!(faults::BEFORE_COMPLETE, |arg| Err(Stop::fault(
-            faults::BEFORE_COMPLETE,
-            arg
-        )));
-        // The store committed: the order is done whatever happens to Redis.
-        if use_guard {
-            self.mark_completed(w).await;
+    /// Step 3: the forward-only transition and its effect, once.
+    async fn execute(&self, w: &Work<'_>, facts: &mut Facts) -> Reply {
+        let executed = self
+            .by_deadline(w, async {
+                let execution = self.store.execute(&w.order).await?;
+                // The store committed: a fault here is a commit whose answer was lost.
+                fail_point!(faults::BEFORE_COMPLETE, |arg| Err(fault(
+                    faults::BEFORE_COMPLETE,
+                    arg
+                )));
+                Ok(execution)
+            })
+            .await;
+        match executed {
+            Ok(execution) => Reply::Executed(execution),
+            Err(e) => {
+                facts.failure = Some(e.to_string());
+                Reply::Failed
+            }
         }
-        Ok(kind)
+    }
+
+    /// A different order uses this id: store this event with both fingerprints.
+    async fn store_conflict(&self, w: &Work<'_>, facts: &mut Facts) -> Reply {
+        let existing = facts.existing.clone().unwrap_or_default();
+        let rejection = Rejection {
+            kind: RejectionKind::Conflict,
+            order_id: Some(w.order.order_id.clone()),
+            event_id: Some(w.event_id.to_string()),
+            reason: conflict_reason(&w.order, &existing),
+            fingerprint: Some(w.order.fingerprint().to_string()),
+            existing_fingerprint: Some(existing),
+            raw_event: w.raw.to_string(),
+        };
+        match self.reject_by(&rejection, w.deadline).await {
+            Ok(()) => Reply::Stored,
+            Err(e) => {
+                facts.failure = Some(e.to_string());
+                Reply::Failed
+            }
+        }
+    }
+
+    /// A store step bounded by the event's deadline: past it, the step
+    /// failed (its effect may still land; the store keeps that harmless).
+    async fn by_deadline<T>(
+        &self,
+        w: &Work<'_>,
+        step: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout_at(w.deadline, step).await {
+            Ok(done) => done,
+            Err(_) => Err(StoreError::Transient(self.deadline_passed())),
+        }
+    }
+
+    fn deadline_passed(&self) -> String {
+        format!(
+            "internal deadline of {} ms passed; Event Grid will retry",
+            self.settings.deadline.as_millis()
+        )
+    }
+
+    /// The event's answer, with the reason its [`Why`] calls for.
+    fn answer(&self, w: &Work<'_>, kind: OutcomeKind, why: Why, facts: &Facts) -> Outcome {
+        let failure = facts.failure.as_deref().unwrap_or("unknown failure");
+        let reason = match why {
+            Why::Done => None,
+            Why::GuardUnavailable => Some(format!("{failure} and GUARD_UNAVAILABLE=retry")),
+            Why::HeldElsewhere => Some("another worker holds this order; retry later".into()),
+            Why::StoreFailed => Some(failure.to_string()),
+            Why::Conflict => Some(conflict_reason(
+                &w.order,
+                facts.existing.as_deref().unwrap_or(""),
+            )),
+            Why::ConflictNotStored => Some(format!("conflict not stored ({failure}); will retry")),
+        };
+        self.outcome(w, kind, reason, facts.guard_label)
     }
 
     /// `COMPLETADA` with this store's completion marker. Skipped (logged)
@@ -500,43 +522,6 @@ impl Processor {
         match tokio::time::timeout_at(deadline, read).await {
             Ok(Ok(id)) => Some(id.as_str()),
             Ok(Err(_)) | Err(_) => None,
-        }
-    }
-
-    /// A different order reuses this id: store it with both fingerprints.
-    async fn conflict(
-        &self,
-        w: &Work<'_>,
-        existing: String,
-        token: Option<&Token>,
-        guard_label: &'static str,
-    ) -> Outcome {
-        let reason = format!(
-            "order id {} is already used by a different order (fingerprint {} ≠ {})",
-            w.order.order_id,
-            short(&existing),
-            short(w.order.fingerprint())
-        );
-        let rejection = Rejection {
-            kind: RejectionKind::Conflict,
-            order_id: Some(w.order.order_id.clone()),
-            event_id: Some(w.event_id.to_string()),
-            reason: reason.clone(),
-            fingerprint: Some(w.order.fingerprint().to_string()),
-            existing_fingerprint: Some(existing),
-            raw_event: w.raw.to_string(),
-        };
-        let stored = self.reject_by(&rejection, w.deadline).await;
-        // Our reservation (if any) must not stand for the other order.
-        self.release(&w.order, token).await;
-        match stored {
-            Ok(()) => self.outcome(w, OutcomeKind::Conflict, Some(reason), guard_label),
-            Err(e) => self.outcome(
-                w,
-                OutcomeKind::Retry,
-                Some(format!("conflict not stored ({e}); will retry")),
-                guard_label,
-            ),
         }
     }
 
@@ -641,81 +626,31 @@ impl Processor {
     }
 }
 
-/// Why the steps stopped early.
-enum Stop {
-    Conflict(String),
-    Store(StoreError),
+/// What one event's steps learned that its later steps and its answer need.
+struct Facts {
+    /// Our reservation, while we hold one.
+    token: Option<Token>,
+    /// The fingerprint of the other order using this id.
+    existing: Option<String>,
+    /// Why the guard or the last store step failed.
+    failure: Option<String>,
+    /// Which guard decided: `redis`, `memory` or `unavailable`.
+    guard_label: &'static str,
 }
 
-impl From<StoreError> for Stop {
-    fn from(e: StoreError) -> Stop {
-        Stop::Store(e)
-    }
+/// A fault point's error, as the store step it stands in for would fail.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+fn fault(point: &str, arg: Option<String>) -> StoreError {
+    StoreError::Transient(faults::crash_or_error(point, arg))
 }
 
-impl Stop {
-    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-    fn fault(point: &str, arg: Option<String>) -> Stop {
-        Stop::Store(StoreError::Transient(faults::crash_or_error(point, arg)))
-    }
-}
-
-/// What the guard keeps beside `COMPLETADA`: `<store identity>/<fingerprint>`.
-/// The identity binds the marker to one database: two databases sharing a
-/// cache (dev and prod, a blue/green pair) never answer each other's orders.
-pub fn completion_marker(store_id: &str, fingerprint: &str) -> String {
-    format!("{store_id}/{fingerprint}")
-}
-
-/// What a `COMPLETADA` key means for the order being delivered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CompletedVerdict {
-    /// Completed in this store with the same content.
-    Duplicate,
-    /// Completed in this store with other content (its fingerprint).
-    Conflict(String),
-    /// No usable marker (missing, unbound, another database's, or this
-    /// store's identity unknown): the store decides.
-    AskStore,
-}
-
-/// Pure decision on a completion marker (see [`completion_marker`]).
-pub fn completed_verdict(
-    marker: Option<&str>,
-    store_id: Option<&str>,
-    fingerprint: &str,
-) -> CompletedVerdict {
-    match (marker.and_then(|m| m.split_once('/')), store_id) {
-        (Some((id, fp)), Some(ours)) if id == ours => {
-            if fp == fingerprint {
-                CompletedVerdict::Duplicate
-            } else {
-                CompletedVerdict::Conflict(fp.to_string())
-            }
-        }
-        _ => CompletedVerdict::AskStore,
-    }
-}
-
-/// What a held reservation means, given the order's row (if it could be
-/// read) and the fingerprint of the order being delivered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HeldElsewhere {
-    /// The same order is terminal in the store: a duplicate, whoever holds the key.
-    Done,
-    /// A different order holds this id in the store.
-    Conflict(String),
-    /// Nothing says the work is done: the holder may still be at it.
-    InProgress,
-}
-
-/// Pure decision for [`Processor`]'s `held_elsewhere`.
-pub fn held_elsewhere_verdict(row: Option<&OrderRecord>, fingerprint: &str) -> HeldElsewhere {
-    match row {
-        Some(r) if r.fingerprint != fingerprint => HeldElsewhere::Conflict(r.fingerprint.clone()),
-        Some(r) if r.status.is_terminal() => HeldElsewhere::Done,
-        _ => HeldElsewhere::InProgress,
-    }
+fn conflict_reason(order: &Order, existing: &str) -> String {
+    format!(
+        "order id {} is already used by a different order (fingerprint {} ≠ {})",
+        order.order_id,
+        short(existing),
+        short(order.fingerprint())
+    )
 }
 
 fn short(fp: &str) -> &str {
