@@ -1,0 +1,113 @@
+//! `local.settings.json.example` stays in step with the code (issue 14): what
+//! `func start` (and a user copying the example into Application settings)
+//! gives the handler is exactly what the handler reads, plus what the
+//! Functions host itself reads.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+
+use order_guard::config::Config;
+use serde_json::Value;
+
+/// Set by the Functions host or the platform, never by the user.
+const SET_BY_THE_PLATFORM: [&str; 3] = [
+    "FUNCTIONS_CUSTOMHANDLER_PORT",
+    "FUNCTIONS_HTTPWORKER_PORT",
+    "WEBSITE_INSTANCE_ID",
+];
+
+/// Entries the Functions host reads, not the handler.
+const READ_BY_THE_HOST: [&str; 2] = ["FUNCTIONS_WORKER_RUNTIME", "AzureWebJobsStorage"];
+
+/// Read by the handler outside `Config`: the log filter (env_logger, in
+/// `app::init_logging`). Fault points (`FAILPOINTS`) exist only in test
+/// builds and stay out of the example on purpose; Entra ID's variables
+/// (`IDENTITY_ENDPOINT`, `AZURE_CLIENT_ID`, …) are set by the platform.
+const READ_OUTSIDE_CONFIG: [&str; 1] = ["RUST_LOG"];
+
+fn example_values() -> BTreeMap<String, String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/local.settings.json.example");
+    let text = std::fs::read_to_string(path).expect("read local.settings.json.example");
+    let json: Value = serde_json::from_str(&text).expect("local.settings.json.example is JSON");
+    assert_eq!(json["IsEncrypted"], Value::Bool(false), "IsEncrypted must be false");
+    json["Values"]
+        .as_object()
+        .expect("a Values object")
+        .iter()
+        .map(|(k, v)| {
+            let v = v
+                .as_str()
+                .unwrap_or_else(|| panic!("{k}: Values must be strings (the host reads strings)"));
+            (k.clone(), v.to_string())
+        })
+        .collect()
+}
+
+/// Every variable `Config` asks for, over `environments`, and whether each
+/// environment was accepted.
+fn asked(environments: &[BTreeMap<String, String>]) -> (BTreeSet<String>, Vec<Result<(), String>>) {
+    let names = RefCell::new(BTreeSet::new());
+    let mut results = Vec::new();
+    for env in environments {
+        let r = Config::from_lookup(|k| {
+            names.borrow_mut().insert(k.to_string());
+            env.get(k).cloned()
+        });
+        results.push(r.map(|_| ()).map_err(|e| e.to_string()));
+    }
+    (names.into_inner(), results)
+}
+
+#[test]
+fn the_example_holds_every_setting_the_handler_reads_and_nothing_else() {
+    let example = example_values();
+    let mut in_azure = example.clone();
+    in_azure.insert("WEBSITE_INSTANCE_ID".into(), "instance".into());
+    // The embedded defaults too: some settings are read only on that path.
+    let embedded = BTreeMap::from([("WEBSITE_INSTANCE_ID".to_string(), "instance".to_string())]);
+    let (read, results) = asked(&[example.clone(), in_azure, BTreeMap::new(), embedded]);
+
+    assert_eq!(
+        results[0],
+        Ok(()),
+        "the example's own values must be accepted by the handler"
+    );
+
+    let user_settings: BTreeSet<&str> = read
+        .iter()
+        .map(String::as_str)
+        .filter(|k| !SET_BY_THE_PLATFORM.contains(k))
+        .chain(READ_OUTSIDE_CONFIG)
+        .collect();
+    let missing: Vec<&&str> = user_settings
+        .iter()
+        .filter(|k| !example.contains_key(**k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the handler reads {missing:?}, which local.settings.json.example does not list"
+    );
+    let unknown: Vec<&String> = example
+        .keys()
+        .filter(|k| !user_settings.contains(k.as_str()) && !READ_BY_THE_HOST.contains(&k.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "local.settings.json.example lists {unknown:?}, which neither the handler nor the Functions host reads"
+    );
+    for k in READ_BY_THE_HOST {
+        assert!(example.contains_key(k), "{k} (read by the Functions host) is missing");
+    }
+    assert_eq!(example["FUNCTIONS_WORKER_RUNTIME"], "custom");
+}
+
+#[test]
+fn the_handler_reads_its_log_filter_from_rust_log() {
+    // env_logger's default variable: this test breaks if logging stops
+    // reading it, so READ_OUTSIDE_CONFIG stays true.
+    let app = include_str!("../src/app.rs");
+    assert!(
+        app.contains("env_logger::Env::default()"),
+        "app.rs no longer builds its logger from env_logger's default (RUST_LOG) environment"
+    );
+}
