@@ -715,8 +715,9 @@ struct Tally {
     /// Acknowledged `duplicate` answers: which order, when.
     duplicate_acks: Mutex<Vec<(usize, Instant)>>,
     /// Per-event answers that say the guard was unavailable (the store
-    /// decided alone).
+    /// decided alone), and when.
     guard_unavailable: AtomicU64,
+    guard_unavailable_at: Mutex<Vec<Instant>>,
     /// For deliveries whose handler died mid-invocation and whose retries
     /// then met the orphaned reservation (`in_progress`): how long from the
     /// death to the 2xx (the takeover at the owner's deadline ends the wait).
@@ -856,6 +857,11 @@ impl Driver {
             self.count_outcome(outcome);
             if r.get("guard").and_then(Value::as_str) == Some("unavailable") {
                 self.tally.guard_unavailable.fetch_add(1, Ordering::Relaxed);
+                self.tally
+                    .guard_unavailable_at
+                    .lock()
+                    .unwrap()
+                    .push(Instant::now());
             }
             let reason = r.get("reason").and_then(Value::as_str).unwrap_or("");
             match (*expect, outcome) {
@@ -1096,8 +1102,11 @@ struct FailoverReport {
     /// acknowledged by the master but not yet replicated (replication is
     /// asynchronous), lost by the failover.
     lost: Vec<String>,
-    /// When the replica was promoted.
+    /// When the master was killed, its replica promoted, the old master
+    /// back as a replica.
+    killed_at: Instant,
     promoted_at: Instant,
+    back_at: Instant,
     /// Kill to promotion.
     failover_time: Duration,
 }
@@ -1267,7 +1276,9 @@ async fn run_chaos(
                     FailoverReport {
                         completed_before: completed.len(),
                         lost,
+                        killed_at: killed,
                         promoted_at,
+                        back_at: Instant::now(),
                         failover_time: promoted_at - killed,
                     }
                 })
@@ -1931,10 +1942,22 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
             .filter_map(|k| index.get(k).copied())
             .collect();
         let acks = t_dups(&driver.tally, &lost, f.promoted_at);
+        let at = driver.tally.guard_unavailable_at.lock().unwrap();
+        let window = |from: Instant, to: Option<Instant>| {
+            at.iter()
+                .filter(|t| **t >= from && to.is_none_or(|to| **t < to))
+                .count()
+        };
         format!(
-            " failover_time={:.1}s completed_on_killed_master={} completions_lost_by_failover={} \
+            " failover_time={:.1}s back_time={:.1}s guard_unavailable_before/failing_over/promoted/after_back={}/{}/{}/{} \
+             completed_on_killed_master={} completions_lost_by_failover={} \
              lost_orders_redelivered={} (store fallbacks: at least {}, at most {})",
             f.failover_time.as_secs_f64(),
+            (f.back_at - f.promoted_at).as_secs_f64(),
+            window(started, Some(f.killed_at)),
+            window(f.killed_at, Some(f.promoted_at)),
+            window(f.promoted_at, Some(f.back_at)),
+            window(f.back_at, None),
             f.completed_before,
             lost.len(),
             acks.0,
@@ -2004,6 +2027,13 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
             "executed_once={} of {n} orders",
             audit.executed_once
         ));
+    }
+    if std::env::var_os("CHAOS_KEEP_LOGS").is_some() && findings.is_empty() {
+        println!(
+            "chaos: handler logs and the database kept in {}",
+            dir.keep().display()
+        );
+        return;
     }
     if !findings.is_empty() {
         let logs = dir.keep();

@@ -249,7 +249,7 @@ mod tests {
                 ..GuardSettings::default()
             };
             let fp = s.fingerprint_key("id");
-            let fp_prefix = fp.strip_suffix("id").unwrap();
+            let fp_prefix = fp.strip_suffix("{id}").unwrap();
             assert!(
                 !fp_prefix.starts_with(prefix),
                 "{fp_prefix} starts with {prefix}"
@@ -270,7 +270,7 @@ mod tests {
     /// when not empty), and a key gives back its order id.
     #[test]
     fn both_keys_of_an_order_share_a_slot_and_give_back_the_id() {
-        use redis::cluster_routing::Slot;
+        use ::redis::cluster_routing::Slot;
         let default = GuardSettings::default();
         assert_eq!(default.key("o-1"), "orden:{o-1}");
         assert_eq!(default.key("}x"), "orden:{~}}x~");
