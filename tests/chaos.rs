@@ -1651,13 +1651,13 @@ fn audit(
     }
 
     // Guard keys: no reservation without a bounded TTL.
-    for (key, value, ttl) in guard_keys.iter().cloned() {
+    for (key, value, ttl) in guard_keys {
         if value
             .as_deref()
             .is_some_and(|v| v.starts_with("PROCESANDO"))
         {
             a.orphan_reservations += 1;
-            if !(1..=PROCESSING_TTL_SECONDS).contains(&ttl) {
+            if !(1..=PROCESSING_TTL_SECONDS).contains(ttl) {
                 a.findings.push(format!(
                     "guard key {key} = {value:?} has TTL {ttl} (want 1..={PROCESSING_TTL_SECONDS})"
                 ));
