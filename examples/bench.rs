@@ -101,6 +101,11 @@ struct Opts {
     /// ceiling (`SELECT 1` on a connection of our own per worker).
     #[arg(long)]
     sqlserver: Option<String>,
+    /// A third handler whose guard is a Redis cluster (`REDIS_CLUSTER=true`,
+    /// three masters and three replicas on loopback): its duplicate path is
+    /// measured beside the single node's, in the same rounds.
+    #[arg(long)]
+    cluster_handler: Option<SocketAddr>,
 }
 
 fn main() -> ExitCode {
@@ -781,6 +786,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     let next = Arc::new(AtomicU64::new(0));
     let unique = Arc::new(AtomicU64::new(0));
     let unique_mssql = Arc::new(AtomicU64::new(0));
+    let unique_cluster = Arc::new(AtomicU64::new(0));
     let redis = redis::Client::open(opts.redis_url.as_str())?
         .get_multiplexed_async_connection()
         .await
@@ -849,6 +855,41 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             )
             .await?;
             series.entry(("duplicate", c)).or_default().add(&s)?;
+            if let Some(addr) = opts.cluster_handler {
+                let cluster_tag = tag ^ 0x6b6b_6b6b;
+                let s = phase(
+                    &Work::FirstDelivery {
+                        addr,
+                        tag: cluster_tag,
+                    },
+                    c,
+                    warmup,
+                    measure,
+                    &unique_cluster,
+                )
+                .await?;
+                series
+                    .entry(("first_delivery_cluster", c))
+                    .or_default()
+                    .add(&s)?;
+                let completed = unique_cluster.load(Ordering::Relaxed);
+                let s = phase(
+                    &Work::Duplicate {
+                        addr,
+                        tag: cluster_tag,
+                        completed,
+                    },
+                    c,
+                    warmup,
+                    measure,
+                    &next,
+                )
+                .await?;
+                series
+                    .entry(("duplicate_cluster", c))
+                    .or_default()
+                    .add(&s)?;
+            }
             if let (Some(addr), Some(ado)) = (opts.sqlserver_handler, opts.sqlserver.as_ref()) {
                 let s = phase(
                     &Work::SqlRoundTrip {
@@ -924,6 +965,27 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 ("redis_ceiling", s("redis_ceiling")),
             ],
         ));
+        if opts.cluster_handler.is_some() {
+            entries.extend(figure_entries(
+                "duplicate_cluster",
+                "events/s",
+                c,
+                s("duplicate_cluster"),
+                &PERCENTILES,
+                &[
+                    ("duplicate", s("duplicate")),
+                    ("http_ceiling", s("http_ceiling")),
+                ],
+            ));
+            entries.extend(figure_entries(
+                "first_delivery_cluster",
+                "events/s",
+                c,
+                s("first_delivery_cluster"),
+                &PERCENTILES[..2],
+                &[("first_delivery", s("first_delivery"))],
+            ));
+        }
         entries.extend(figure_entries(
             "first_delivery",
             "events/s",

@@ -97,6 +97,47 @@ else
   echo "==> no T-SQL engine found: SQL Server figures are not measured"
 fi
 
+# A Redis cluster (three masters, three replicas, loopback, no persistence)
+# and a third handler on it (REDIS_CLUSTER=true, its own SQLite file): the
+# duplicate path on the cluster, measured beside the single node's.
+# BENCH_CLUSTER=0 skips it.
+CLUSTER_ARGS=()
+if [ "${BENCH_CLUSTER:-1}" != 0 ]; then
+  CLUSTER_NODES=()
+  for i in 1 2 3 4 5 6; do
+    port="$(free_port)"
+    bus="$(free_port)"
+    mkdir -p "$SCRATCH/cluster-$i"
+    redis-server --port "$port" --cluster-port "$bus" --bind 127.0.0.1 \
+      --cluster-enabled yes --cluster-config-file nodes.conf --save "" --appendonly no \
+      --daemonize no --dir "$SCRATCH/cluster-$i" --logfile "$SCRATCH/cluster-$i/redis.log" &
+    PIDS+=("$!")
+    CLUSTER_NODES+=("127.0.0.1:$port")
+  done
+  for node in "${CLUSTER_NODES[@]}"; do wait_port "${node#*:}" "cluster node $node"; done
+  redis-cli --cluster create "${CLUSTER_NODES[@]}" --cluster-replicas 1 --cluster-yes >"$SCRATCH/cluster-create.log"
+  for _ in $(seq 1 400); do
+    ok=1
+    for node in "${CLUSTER_NODES[@]}"; do
+      redis-cli -p "${node#*:}" cluster info | grep -q '^cluster_state:ok' || ok=0
+    done
+    [ "$ok" = 1 ] && break
+    sleep 0.05
+  done
+  [ "$ok" = 1 ] || { echo "error: the Redis cluster did not reach cluster_state:ok" >&2; exit 1; }
+  CLUSTER_HANDLER_PORT="$(free_port)"
+  echo "==> order-guard serve on 127.0.0.1:$CLUSTER_HANDLER_PORT (Redis cluster of 3 masters + 3 replicas, REDIS_CLUSTER=true)"
+  FUNCTIONS_CUSTOMHANDLER_PORT="$CLUSTER_HANDLER_PORT" \
+    REDIS_URL="redis://${CLUSTER_NODES[0]}" \
+    REDIS_CLUSTER=true \
+    SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-cluster.db" \
+    RUST_LOG=warn \
+    "$BIN" serve >"$SCRATCH/handler-cluster.log" 2>&1 &
+  PIDS+=("$!")
+  wait_port "$CLUSTER_HANDLER_PORT" "order-guard (Redis cluster)"
+  CLUSTER_ARGS=(--cluster-handler "127.0.0.1:$CLUSTER_HANDLER_PORT")
+fi
+
 CEILING_PORT="$(free_port)"
 echo "==> HTTP ceiling server on 127.0.0.1:$CEILING_PORT"
 "$BENCH" ceiling-server --port "$CEILING_PORT" >"$SCRATCH/ceiling.log" 2>&1 &
@@ -110,7 +151,7 @@ timeout 600 "$BENCH" run \
   --handler "127.0.0.1:$HANDLER_PORT" --handler-pid "$HANDLER_PID" \
   --ceiling "127.0.0.1:$CEILING_PORT" \
   --redis-url "redis://127.0.0.1:$REDIS_PORT" \
-  --binary "$BIN" --scratch "$SCRATCH/cold" --out "$OUT" "${MSSQL_ARGS[@]}" "$@"
+  --binary "$BIN" --scratch "$SCRATCH/cold" --out "$OUT" "${MSSQL_ARGS[@]}" "${CLUSTER_ARGS[@]}" "$@"
 
 if ! kill -0 "$HANDLER_PID" 2>/dev/null; then
   echo "error: the handler died during the run; its log:" >&2

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::config::{Config, GuardConfig, StoreConfig};
-use crate::guard::{IdempotencyGuard, MemoryGuard, RedisGuard};
+use crate::guard::{IdempotencyGuard, MemoryGuard, RedisGuard, Topology};
 use crate::processor::{Outcome, OutcomeKind, Processor};
 use crate::store::{OrderStore, SqlServerStore, SqliteStore};
 
@@ -40,11 +40,30 @@ pub fn build_guard(config: &Config) -> anyhow::Result<Arc<dyn IdempotencyGuard>>
     init_tls();
     Ok(match &config.guard {
         GuardConfig::Memory => Arc::new(MemoryGuard::new(config.guard_settings.clone())),
-        GuardConfig::Redis { url } => Arc::new(
-            RedisGuard::new(url, config.guard_settings.clone(), config.redis_timeout)
-                .context("REDIS_URL")?,
+        GuardConfig::Redis { url, cluster } => Arc::new(
+            RedisGuard::with_topology(
+                url,
+                if *cluster {
+                    Topology::Cluster
+                } else {
+                    Topology::Single
+                },
+                config.guard_settings.clone(),
+                config.redis_timeout,
+            )
+            .context("REDIS_URL")?,
         ),
     })
+}
+
+/// The guard the configuration asks for, checked against what the backend
+/// is: a Redis cluster reached without `REDIS_CLUSTER=true` (or the reverse)
+/// stops the start with the setting to change, rather than running with a
+/// guard that never works. An unreachable Redis does not stop it.
+pub async fn build_checked_guard(config: &Config) -> anyhow::Result<Arc<dyn IdempotencyGuard>> {
+    let guard = build_guard(config)?;
+    guard.preflight().await.context("REDIS_CLUSTER")?;
+    Ok(guard)
 }
 
 /// The store the configuration asks for (not migrated).
@@ -64,7 +83,13 @@ pub async fn build_store(config: &Config) -> anyhow::Result<Arc<dyn OrderStore>>
 pub fn describe(config: &Config) -> String {
     let guard = match &config.guard {
         GuardConfig::Memory => "memory".to_string(),
-        GuardConfig::Redis { url } => format!("redis ({})", redact_url(url)),
+        GuardConfig::Redis {
+            url,
+            cluster: false,
+        } => format!("redis ({})", redact_url(url)),
+        GuardConfig::Redis { url, cluster: true } => {
+            format!("redis cluster ({})", redact_url(url))
+        }
     };
     let store = match &config.store {
         StoreConfig::Sqlite { path } => format!("sqlite ({})", path.display()),
@@ -90,7 +115,7 @@ fn redact_url(url: &str) -> String {
 /// does not stop the handler: the migration goes on in the background and
 /// invocations answer `retry` (Event Grid keeps the events) until it is done.
 pub async fn build_processor(config: &Config) -> anyhow::Result<Arc<Processor>> {
-    let guard = build_guard(config)?;
+    let guard = build_checked_guard(config).await?;
     let store = build_store(config).await?;
     match &config.store {
         // SQLite waits out a briefly locked file, then must succeed.
@@ -323,7 +348,7 @@ pub async fn replay(
 async fn open_checked(
     config: &Config,
 ) -> anyhow::Result<(Arc<dyn IdempotencyGuard>, Arc<dyn OrderStore>)> {
-    let guard = build_guard(config)?;
+    let guard = build_checked_guard(config).await?;
     let store = build_store(config).await?;
     store
         .migrate()

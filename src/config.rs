@@ -34,8 +34,10 @@ fn err(var: &'static str, problem: impl Into<String>) -> ConfigError {
 pub enum GuardConfig {
     /// In-process guard (`REDIS_URL` empty or unset).
     Memory,
-    /// A redis-rs URL (`redis://…` or `rediss://…`).
-    Redis { url: String },
+    /// A redis-rs URL (`redis://…` or `rediss://…`); `cluster` when
+    /// `REDIS_CLUSTER=true`: the URL is one node of an OSS cluster (the
+    /// others are found from it), reached with redis-rs' cluster client.
+    Redis { url: String, cluster: bool },
 }
 
 /// Where the orders live.
@@ -89,17 +91,40 @@ impl Config {
             |var: &'static str, default: u64, min: u64, max: u64| -> Result<u64, ConfigError> {
                 val(var).map_or(Ok(default), |v| parse_num(var, &v, min, max))
             };
-        let guard = match val("REDIS_URL") {
-            None => GuardConfig::Memory,
-            Some(v) => GuardConfig::Redis {
-                url: redis_url(&v)?,
-            },
+        let cluster = match val("REDIS_CLUSTER")
+            .map(|v| v.to_ascii_lowercase())
+            .as_deref()
+        {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(other) => {
+                return Err(err(
+                    "REDIS_CLUSTER",
+                    format!("expected true (the cache is an OSS-protocol cluster: Azure Managed Redis with the OSS cluster policy, Azure Cache for Redis Premium with clustering) or false (one endpoint: a single node, or a proxy cluster such as the Enterprise cluster policy), got {other:?}"),
+                ))
+            }
         };
+        let guard =
+            match val("REDIS_URL") {
+                None if cluster => return Err(err(
+                    "REDIS_CLUSTER",
+                    "is true but REDIS_URL is not set: give one node of the cluster in REDIS_URL",
+                )),
+                None => GuardConfig::Memory,
+                Some(v) => GuardConfig::Redis {
+                    url: redis_url(&v)?,
+                    cluster,
+                },
+            };
         let prefix = get("GUARD_KEY_PREFIX").unwrap_or_else(|| "orden:".into());
-        if prefix.is_empty() || prefix.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        if prefix.is_empty()
+            || prefix
+                .chars()
+                .any(|c| c.is_control() || c.is_whitespace() || c == '{' || c == '}')
+        {
             return Err(err(
                 "GUARD_KEY_PREFIX",
-                "expected a non-empty key prefix without spaces or control characters, e.g. orden:",
+                "expected a non-empty key prefix without spaces, control characters or braces (the order id is the key's hash tag), e.g. orden:",
             ));
         }
         let processing_ttl = num("GUARD_PROCESSING_TTL_SECONDS", 300, 1, 86_400)?;
@@ -414,6 +439,37 @@ mod tests {
         let ado = "Server=tcp:s.database.windows.net,1433;Initial Catalog=o;User ID=u;Password=p;Encrypt=True;";
         let c = config(&[("SQL_CONNECTION_STRING", ado)]).unwrap();
         assert!(matches!(c.store, StoreConfig::SqlServer { .. }));
+    }
+
+    #[test]
+    fn redis_cluster_is_a_setting_beside_the_url() {
+        let c = config(&[("REDIS_URL", "redis://cache:6379")]).unwrap();
+        assert_eq!(
+            c.guard,
+            GuardConfig::Redis {
+                url: "redis://cache:6379".into(),
+                cluster: false
+            }
+        );
+        let azure =
+            "amr.westeurope.redis.azure.net:10000,password=S3cretKey,ssl=True,abortConnect=False";
+        let c = config(&[("REDIS_URL", azure), ("REDIS_CLUSTER", "True")]).unwrap();
+        assert_eq!(
+            c.guard,
+            GuardConfig::Redis {
+                url: "rediss://:S3cretKey@amr.westeurope.redis.azure.net:10000".into(),
+                cluster: true
+            }
+        );
+        let e = config(&[("REDIS_URL", azure), ("REDIS_CLUSTER", "yes")]).unwrap_err();
+        assert_eq!(e.var, "REDIS_CLUSTER");
+        assert!(!e.to_string().contains("S3cretKey"), "{e}");
+        let e = config(&[("REDIS_CLUSTER", "true")]).unwrap_err();
+        assert_eq!(e.var, "REDIS_CLUSTER");
+        for bad in ["ord{", "o}", "{x}:"] {
+            let e = config(&[("GUARD_KEY_PREFIX", bad)]).unwrap_err();
+            assert_eq!(e.var, "GUARD_KEY_PREFIX", "{bad}");
+        }
     }
 
     #[test]

@@ -610,7 +610,7 @@ async fn bad_input_gets_the_right_status_a_reason_and_a_stored_row() {
         Some("-7.25".to_string())
     );
     assert_eq!(
-        redis.get(&format!("orden:{id}")).as_deref(),
+        redis.get(&format!("orden:{{{id}}}")).as_deref(),
         Some("COMPLETADA")
     );
     let stats = handler.processor.counters();

@@ -45,7 +45,7 @@ use rust_decimal::Decimal;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
-use common::{RedisServer, Verdict};
+use common::{RedisCluster, RedisServer, Verdict};
 
 /// Handler processes sharing one Redis and one database file.
 const HANDLERS: usize = 3;
@@ -53,6 +53,11 @@ const HANDLERS: usize = 3;
 const DEFAULT_ORDERS: usize = 300;
 /// Orders in a default SQL Server run (CI's short one).
 const DEFAULT_MSSQL_ORDERS: usize = 200;
+/// Orders in a default run on a Redis cluster (well under 90 s on 2 cores).
+const DEFAULT_CLUSTER_ORDERS: usize = 150;
+/// `cluster-node-timeout` of the chaos cluster: a killed master's replica is
+/// promoted a second or two after it stops answering.
+const CLUSTER_NODE_TIMEOUT_MS: u64 = 1_000;
 /// The production default: a killed worker's reservation is taken over at
 /// its owner's deadline ([`DEADLINE_MS`]), not at this TTL.
 const PROCESSING_TTL_SECONDS: i64 = 300;
@@ -715,6 +720,12 @@ struct Tally {
     conflict_acks: Mutex<HashMap<usize, i64>>,
     poison_acks: Mutex<HashMap<usize, i64>>,
     outcomes: Mutex<BTreeMap<String, u64>>,
+    /// Acknowledged `duplicate` answers: which order, when.
+    duplicate_acks: Mutex<Vec<(usize, Instant)>>,
+    /// Per-event answers that say the guard was unavailable (the store
+    /// decided alone), and when.
+    guard_unavailable: AtomicU64,
+    guard_unavailable_at: Mutex<Vec<Instant>>,
     /// For deliveries whose handler died mid-invocation and whose retries
     /// then met the orphaned reservation (`in_progress`): how long from the
     /// death to the 2xx (the takeover at the owner's deadline ends the wait).
@@ -852,6 +863,14 @@ impl Driver {
         for (expect, r) in d.expects.iter().zip(results) {
             let outcome = r.get("outcome").and_then(Value::as_str).unwrap_or("?");
             self.count_outcome(outcome);
+            if r.get("guard").and_then(Value::as_str) == Some("unavailable") {
+                self.tally.guard_unavailable.fetch_add(1, Ordering::Relaxed);
+                self.tally
+                    .guard_unavailable_at
+                    .lock()
+                    .unwrap()
+                    .push(Instant::now());
+            }
             let reason = r.get("reason").and_then(Value::as_str).unwrap_or("");
             match (*expect, outcome) {
                 (Expect::Order(i), "executed") => {
@@ -863,7 +882,13 @@ impl Driver {
                         .entry(i)
                         .or_default() += 1;
                 }
-                (Expect::Order(_), "duplicate") => {}
+                (Expect::Order(i), "duplicate") => {
+                    self.tally
+                        .duplicate_acks
+                        .lock()
+                        .unwrap()
+                        .push((i, Instant::now()));
+                }
                 (Expect::Conflict(c), "conflict") => {
                     *self.tally.conflict_acks.lock().unwrap().entry(c).or_default() += 1;
                 }
@@ -1060,6 +1085,9 @@ enum Action {
     DbOutage(Duration),
     /// SQL Server only, on an engine of the test's own: stopped and started.
     EngineRestart,
+    /// Redis cluster only: a master SIGKILLed, its replica promoted by the
+    /// cluster, the old master started again (it rejoins as a replica).
+    MasterFailover,
 }
 
 #[derive(Default)]
@@ -1069,6 +1097,49 @@ struct ChaosStats {
     redis_pauses: AtomicU64,
     db_outages: AtomicU64,
     engine_restarts: AtomicU64,
+    failovers: AtomicU64,
+    failover: Mutex<Option<FailoverReport>>,
+}
+
+/// What one master failover did to the guard's keys.
+#[derive(Debug, Clone)]
+struct FailoverReport {
+    /// Orders whose `COMPLETADA` the killed master held just before the kill.
+    completed_before: usize,
+    /// Of those, the ones the promoted replica did not have: completions
+    /// acknowledged by the master but not yet replicated (replication is
+    /// asynchronous), lost by the failover.
+    lost: Vec<String>,
+    /// When the master was killed, its replica promoted, the old master
+    /// back as a replica.
+    killed_at: Instant,
+    promoted_at: Instant,
+    back_at: Instant,
+    /// Kill to promotion.
+    failover_time: Duration,
+}
+
+/// The guard's cache in a chaos run.
+#[derive(Clone)]
+enum Cache {
+    Single(Arc<Mutex<RedisServer>>),
+    Cluster(Arc<Mutex<RedisCluster>>),
+}
+
+impl Cache {
+    fn single(&self) -> &Arc<Mutex<RedisServer>> {
+        match self {
+            Cache::Single(r) => r,
+            Cache::Cluster(_) => unreachable!("no single-node action is scheduled on a cluster"),
+        }
+    }
+
+    fn keys_with_ttl(&self, pattern: &str) -> Vec<(String, Option<String>, i64)> {
+        match self {
+            Cache::Single(r) => r.lock().unwrap().keys_with_ttl(pattern),
+            Cache::Cluster(c) => c.lock().unwrap().keys_with_ttl(pattern),
+        }
+    }
 }
 
 fn chaos_plan(
@@ -1076,21 +1147,24 @@ fn chaos_plan(
     n: usize,
     spread: Duration,
     engine_restarts: bool,
+    cluster: bool,
 ) -> Vec<(Duration, Action)> {
     let mut actions = Vec::new();
     for _ in 0..(n / 40).max(3) {
         actions.push(Action::Kill(rng.gen_range(0..HANDLERS)));
     }
-    for _ in 0..(n / 250).max(2) {
-        actions.push(Action::RedisRestart);
-    }
-    for _ in 0..(n / 400).max(1) {
-        actions.push(Action::RedisFlush);
-    }
-    for _ in 0..(n / 400).max(1) {
-        actions.push(Action::RedisPause(Duration::from_millis(
-            rng.gen_range(500..=1500),
-        )));
+    if !cluster {
+        for _ in 0..(n / 250).max(2) {
+            actions.push(Action::RedisRestart);
+        }
+        for _ in 0..(n / 400).max(1) {
+            actions.push(Action::RedisFlush);
+        }
+        for _ in 0..(n / 400).max(1) {
+            actions.push(Action::RedisPause(Duration::from_millis(
+                rng.gen_range(500..=1500),
+            )));
+        }
     }
     for _ in 0..(n / 250).max(2) {
         actions.push(Action::DbOutage(Duration::from_millis(
@@ -1106,6 +1180,13 @@ fn chaos_plan(
         .into_iter()
         .map(|a| (spread.mul_f64(rng.gen_range(0.05..0.8)), a))
         .collect();
+    if cluster {
+        // Mid-run: many orders completed before it, many redeliveries after.
+        timed.push((
+            spread.mul_f64(rng.gen_range(0.35..0.5)),
+            Action::MasterFailover,
+        ));
+    }
     timed.sort_by_key(|(t, _)| *t);
     timed
 }
@@ -1113,7 +1194,7 @@ fn chaos_plan(
 async fn run_chaos(
     schedule: Vec<(Duration, Action)>,
     started: Instant,
-    redis: Arc<Mutex<RedisServer>>,
+    cache: Cache,
     db: Arc<Db>,
     kill_txs: Vec<mpsc::UnboundedSender<KillRequest>>,
     stats: Arc<ChaosStats>,
@@ -1131,21 +1212,21 @@ async fn run_chaos(
                 }
             }
             Action::RedisRestart => {
-                let r = Arc::clone(&redis);
+                let r = Arc::clone(cache.single());
                 tokio::task::spawn_blocking(move || r.lock().unwrap().restart())
                     .await
                     .expect("restarting redis-server");
                 stats.redis_restarts.fetch_add(1, Ordering::Relaxed);
             }
             Action::RedisFlush => {
-                let r = Arc::clone(&redis);
+                let r = Arc::clone(cache.single());
                 tokio::task::spawn_blocking(move || r.lock().unwrap().cmd(&["FLUSHALL"]))
                     .await
                     .expect("FLUSHALL");
                 stats.redis_flushes.fetch_add(1, Ordering::Relaxed);
             }
             Action::RedisPause(hold) => {
-                let r = Arc::clone(&redis);
+                let r = Arc::clone(cache.single());
                 tokio::task::spawn_blocking(move || {
                     let pid = r.lock().unwrap().pid().expect("redis-server is running");
                     common::signal(pid, "STOP");
@@ -1177,6 +1258,42 @@ async fn run_chaos(
                     Db::SqlServer { proxy, .. } => proxy.outage(hold).await,
                 }
                 stats.db_outages.fetch_add(1, Ordering::Relaxed);
+            }
+            Action::MasterFailover => {
+                let Cache::Cluster(c) = &cache else {
+                    unreachable!("failovers are scheduled on clusters only")
+                };
+                let c = Arc::clone(c);
+                let report = tokio::task::spawn_blocking(move || {
+                    let mut c = c.lock().unwrap();
+                    let master = c.master_ports()[0];
+                    let completed = c.keys_holding(master, "orden:*", "COMPLETADA");
+                    let killed = Instant::now();
+                    let promoted = c.kill_master_and_wait_for_failover(master);
+                    let promoted_at = Instant::now();
+                    let kept: HashSet<String> = c
+                        .keys_holding(promoted, "orden:*", "COMPLETADA")
+                        .into_iter()
+                        .collect();
+                    let lost = completed
+                        .iter()
+                        .filter(|k| !kept.contains(*k))
+                        .cloned()
+                        .collect();
+                    c.bring_back(master);
+                    FailoverReport {
+                        completed_before: completed.len(),
+                        lost,
+                        killed_at: killed,
+                        promoted_at,
+                        back_at: Instant::now(),
+                        failover_time: promoted_at - killed,
+                    }
+                })
+                .await
+                .expect("master failover");
+                *stats.failover.lock().unwrap() = Some(report);
+                stats.failovers.fetch_add(1, Ordering::Relaxed);
             }
             Action::EngineRestart => {
                 if let Db::SqlServer {
@@ -1391,7 +1508,12 @@ async fn read_sqlserver(cs: &str) -> Tables {
     t
 }
 
-fn audit(plan: &Plan, tally: &Tally, tables: &Tables, redis: &RedisServer) -> Audit {
+fn audit(
+    plan: &Plan,
+    tally: &Tally,
+    tables: &Tables,
+    guard_keys: &[(String, Option<String>, i64)],
+) -> Audit {
     let mut a = Audit::default();
 
     // Orders: one row per id, Executed, with the valid order's content.
@@ -1537,13 +1659,13 @@ fn audit(plan: &Plan, tally: &Tally, tables: &Tables, redis: &RedisServer) -> Au
     }
 
     // Guard keys: no reservation without a bounded TTL.
-    for (key, value, ttl) in redis.keys_with_ttl("orden:*") {
+    for (key, value, ttl) in guard_keys {
         if value
             .as_deref()
             .is_some_and(|v| v.starts_with("PROCESANDO"))
         {
             a.orphan_reservations += 1;
-            if !(1..=PROCESSING_TTL_SECONDS).contains(&ttl) {
+            if !(1..=PROCESSING_TTL_SECONDS).contains(ttl) {
                 a.findings.push(format!(
                     "guard key {key} = {value:?} has TTL {ttl} (want 1..={PROCESSING_TTL_SECONDS})"
                 ));
@@ -1578,7 +1700,27 @@ enum StoreChoice {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_every_order_executed_exactly_once() {
     let _serial = SERIAL.lock().await;
-    chaos(StoreChoice::Sqlite, "CHAOS_ORDERS", DEFAULT_ORDERS).await;
+    chaos(StoreChoice::Sqlite, false, "CHAOS_ORDERS", DEFAULT_ORDERS).await;
+}
+
+/// The same run on a real Redis cluster (three masters, three replicas;
+/// `REDIS_CLUSTER=true`) with SQLite as the store: instead of restarting and
+/// flushing one Redis, a master is SIGKILLed mid-run, its replica promoted
+/// by the cluster itself, and the old master started again (it rejoins as a
+/// replica). The summary says how many completions the failover lost
+/// (replication is asynchronous) and how many of those orders were
+/// delivered again afterwards: each of those deliveries found no
+/// `COMPLETADA` and fell back to the store, which answered `duplicate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_on_redis_cluster_with_a_master_failover_every_order_executed_exactly_once() {
+    let _serial = SERIAL.lock().await;
+    chaos(
+        StoreChoice::Sqlite,
+        true,
+        "CHAOS_CLUSTER_ORDERS",
+        DEFAULT_CLUSTER_ORDERS,
+    )
+    .await;
 }
 
 /// The same run with SQL Server as the store (`ORDER_GUARD_TEST_MSSQL`):
@@ -1593,17 +1735,22 @@ async fn chaos_on_sql_server_every_order_executed_exactly_once() {
     let _serial = SERIAL.lock().await;
     chaos(
         StoreChoice::SqlServer(cs),
+        false,
         "CHAOS_MSSQL_ORDERS",
         DEFAULT_MSSQL_ORDERS,
     )
     .await;
 }
 
-async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
+async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_orders: usize) {
     let n = env_number(size_var).unwrap_or(default_orders as u64) as usize;
     assert!(n >= 1, "{size_var} must be at least 1");
     let seed = env_number("CHAOS_SEED").unwrap_or_else(|| rand::thread_rng().gen());
     let (store_name, test_name) = match choice {
+        StoreChoice::Sqlite if cluster => (
+            "sqlite",
+            "chaos_on_redis_cluster_with_a_master_failover_every_order_executed_exactly_once",
+        ),
         StoreChoice::Sqlite => ("sqlite", "chaos_every_order_executed_exactly_once"),
         StoreChoice::SqlServer(_) => (
             "sqlserver",
@@ -1613,7 +1760,8 @@ async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
     let reproduce = format!(
         "CHAOS_SEED={seed} {size_var}={n} cargo test --features failpoints --test chaos {test_name} -- --exact --nocapture"
     );
-    println!("chaos: store={store_name} seed={seed} orders={n} (reproduce: {reproduce})");
+    let cache_name = if cluster { "cluster" } else { "single" };
+    println!("chaos: store={store_name} cache={cache_name} seed={seed} orders={n} (reproduce: {reproduce})");
 
     let (binary, mode) = fault_binary();
     println!("chaos: mode={mode} handler={}", binary.display());
@@ -1660,13 +1808,22 @@ async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
             ..
         }
     );
-    let redis = Arc::new(Mutex::new(RedisServer::start()));
-    let redis_url = redis.lock().unwrap().url();
+    let cache = if cluster {
+        Cache::Cluster(Arc::new(Mutex::new(RedisCluster::start(
+            CLUSTER_NODE_TIMEOUT_MS,
+        ))))
+    } else {
+        Cache::Single(Arc::new(Mutex::new(RedisServer::start())))
+    };
+    let redis_url = match &cache {
+        Cache::Single(r) => r.lock().unwrap().url(),
+        Cache::Cluster(c) => c.lock().unwrap().url(),
+    };
 
     let mut rng = StdRng::seed_from_u64(seed);
     let run = format!("{:08x}", seed as u32);
     let plan = plan(&mut rng, n, &run);
-    let schedule = chaos_plan(&mut rng, n, plan.spread, engine_restarts);
+    let schedule = chaos_plan(&mut rng, n, plan.spread, engine_restarts, cluster);
 
     // The handlers.
     let stats = Arc::new(FleetStats::default());
@@ -1681,6 +1838,7 @@ async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
         let mut env = common::handler_env(port, dir.path());
         for (k, v) in [
             ("REDIS_URL", redis_url.clone()),
+            ("REDIS_CLUSTER", cluster.to_string()),
             ("SQL_CONNECTION_STRING", db.connection_string()),
             ("SQL_QUERY_TIMEOUT_SECONDS", "3".into()),
             ("SQL_CONNECT_TIMEOUT_SECONDS", "3".into()),
@@ -1743,7 +1901,7 @@ async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
     let chaos = tokio::spawn(run_chaos(
         schedule,
         started,
-        Arc::clone(&redis),
+        cache.clone(),
         Arc::clone(&db),
         kill_txs,
         Arc::clone(&chaos_stats),
@@ -1768,25 +1926,69 @@ async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
     }
 
     let tables = db.tables().await;
-    let audit = {
-        let r = redis.lock().unwrap();
-        audit(&plan, &driver.tally, &tables, &r)
+    let guard_keys = {
+        let cache = cache.clone();
+        tokio::task::spawn_blocking(move || cache.keys_with_ttl("orden:*"))
+            .await
+            .expect("reading the guard keys")
     };
+    let audit = audit(&plan, &driver.tally, &tables, &guard_keys);
+    // The failover's effect on the guard: completions lost, and the lost
+    // orders delivered again afterwards (each such delivery found no
+    // COMPLETADA: the store decided).
+    let failover = chaos_stats.failover.lock().unwrap().clone();
+    let failover_figures = failover.as_ref().map(|f| {
+        let index: HashMap<String, usize> = plan
+            .orders
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (format!("orden:{{{}}}", o.id), i))
+            .collect();
+        let lost: HashSet<usize> = f
+            .lost
+            .iter()
+            .filter_map(|k| index.get(k).copied())
+            .collect();
+        let acks = t_dups(&driver.tally, &lost, f.promoted_at);
+        let at = driver.tally.guard_unavailable_at.lock().unwrap();
+        let window = |from: Instant, to: Option<Instant>| {
+            at.iter()
+                .filter(|t| **t >= from && to.is_none_or(|to| **t < to))
+                .count()
+        };
+        format!(
+            " failover_time={:.1}s back_time={:.1}s guard_unavailable_before/failing_over/promoted/after_back={}/{}/{}/{} \
+             completed_on_killed_master={} completions_lost_by_failover={} \
+             lost_orders_redelivered={} (store fallbacks: at least {}, at most {})",
+            f.failover_time.as_secs_f64(),
+            (f.back_at - f.promoted_at).as_secs_f64(),
+            window(started, Some(f.killed_at)),
+            window(f.killed_at, Some(f.promoted_at)),
+            window(f.promoted_at, Some(f.back_at)),
+            window(f.back_at, None),
+            f.completed_before,
+            lost.len(),
+            acks.0,
+            acks.0,
+            acks.1,
+        )
+    });
     let t = &driver.tally;
     let mut waits = t.orphan_waits.lock().unwrap().clone();
     waits.sort();
     let summary = format!(
-        "chaos: store={store_name} seed={seed} orders={n} deliveries={deliveries} attempts={} kills={} crashes={} \
-         redis_restarts={} redis_flushes={} redis_pauses={} db_outages={} engine_restarts={} conflicts={}/{} poison={}/{} \
+        "chaos: store={store_name} cache={cache_name} seed={seed} orders={n} deliveries={deliveries} attempts={} kills={} crashes={} \
+         redis_restarts={} redis_flushes={} redis_pauses={} failovers={} db_outages={} engine_restarts={} conflicts={}/{} poison={}/{} \
          executed_once={} lost={} double={} mismatched={} positions_wrong={} \
          orphan_reservations={} undelivered={} timeouts={} start_failures={} \
-         orphan_waits={} orphan_wait_median={:.1}s orphan_wait_max={:.1}s elapsed={:.1}s",
+         orphan_waits={} orphan_wait_median={:.1}s orphan_wait_max={:.1}s guard_unavailable_answers={} elapsed={:.1}s{}",
         t.attempts.load(Ordering::Relaxed),
         stats.kills.load(Ordering::Relaxed),
         stats.crashes.load(Ordering::Relaxed),
         chaos_stats.redis_restarts.load(Ordering::Relaxed),
         chaos_stats.redis_flushes.load(Ordering::Relaxed),
         chaos_stats.redis_pauses.load(Ordering::Relaxed),
+        chaos_stats.failovers.load(Ordering::Relaxed),
         chaos_stats.db_outages.load(Ordering::Relaxed),
         chaos_stats.engine_restarts.load(Ordering::Relaxed),
         audit.conflicts_stored,
@@ -1805,7 +2007,9 @@ async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
         waits.len(),
         waits.get(waits.len() / 2).map_or(0.0, Duration::as_secs_f64),
         waits.last().map_or(0.0, Duration::as_secs_f64),
+        t.guard_unavailable.load(Ordering::Relaxed),
         elapsed.as_secs_f64(),
+        failover_figures.unwrap_or_default(),
     );
     // Straight to stderr: the summary shows in every run, not only with
     // --nocapture (the test harness captures print! but not this handle).
@@ -1823,11 +2027,21 @@ async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
 
     let mut findings = audit.findings;
     findings.extend(problems.lock().unwrap().iter().cloned());
+    if cluster && chaos_stats.failovers.load(Ordering::Relaxed) != 1 {
+        findings.push("the master failover did not run".into());
+    }
     if audit.executed_once != n {
         findings.push(format!(
             "executed_once={} of {n} orders",
             audit.executed_once
         ));
+    }
+    if std::env::var_os("CHAOS_KEEP_LOGS").is_some() && findings.is_empty() {
+        println!(
+            "chaos: handler logs and the database kept in {}",
+            dir.keep().display()
+        );
+        return;
     }
     if !findings.is_empty() {
         let logs = dir.keep();
@@ -1845,4 +2059,17 @@ async fn chaos(choice: StoreChoice, size_var: &str, default_orders: usize) {
             logs.display()
         );
     }
+}
+
+/// Of the orders in `lost`: how many got an acknowledged `duplicate` after
+/// `after`, and how many such answers there were in all.
+fn t_dups(tally: &Tally, lost: &HashSet<usize>, after: Instant) -> (usize, usize) {
+    let acks = tally.duplicate_acks.lock().unwrap();
+    let late: Vec<usize> = acks
+        .iter()
+        .filter(|(i, at)| lost.contains(i) && *at > after)
+        .map(|(i, _)| *i)
+        .collect();
+    let orders: HashSet<usize> = late.iter().copied().collect();
+    (orders.len(), late.len())
 }

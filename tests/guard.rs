@@ -1,5 +1,6 @@
 //! The guard protocol, run against a real `redis-server` (started by the test
-//! on a free loopback port) and against the in-memory guard: same semantics.
+//! on a free loopback port), a real Redis cluster (three masters, three
+//! replicas, started by the test) and the in-memory guard: same semantics.
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use order_guard::guard::{Acquisition, GuardSettings, IdempotencyGuard, MemoryGuard, Token};
 
-use common::{unique_id, RedisServer};
+use common::{unique_id, RedisCluster, RedisServer};
 
 fn settings(processing: u64, completed: u64) -> GuardSettings {
     GuardSettings {
@@ -144,8 +145,164 @@ fn redis() -> (Arc<dyn IdempotencyGuard>, RedisServer) {
     (common::redis_guard(&server, settings(1, 3600)), server)
 }
 
+/// `cluster-node-timeout` of the suite's clusters: long enough that a busy
+/// machine never fails a master over by accident.
+const SUITE_NODE_TIMEOUT_MS: u64 = 5_000;
+
+fn redis_cluster() -> (Arc<dyn IdempotencyGuard>, RedisCluster) {
+    let cluster = RedisCluster::start(SUITE_NODE_TIMEOUT_MS);
+    (
+        common::redis_cluster_guard(&cluster, settings(1, 3600)),
+        cluster,
+    )
+}
+
 guard_suite!(memory_guard, memory());
 guard_suite!(redis_guard, redis());
+guard_suite!(redis_cluster_guard, redis_cluster());
+
+/// On a cluster, the two keys of an order are in one slot (the script runs),
+/// the orders spread over the masters, and `prune-guard`'s listing scans
+/// every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_orders_spread_over_masters_and_all_are_listed() {
+    let cluster = RedisCluster::start(SUITE_NODE_TIMEOUT_MS);
+    let g = common::redis_cluster_guard(&cluster, settings(300, 86_400));
+    g.preflight()
+        .await
+        .expect("a cluster with REDIS_CLUSTER=true");
+    let ids: Vec<String> = (0..30).map(|_| unique_id("o")).collect();
+    for id in &ids {
+        token(g.acquire(id).await);
+        g.complete(id, &format!("fp-{id}")).await.unwrap();
+    }
+    let mut masters = std::collections::HashSet::new();
+    for id in &ids {
+        let (key, fp) = (format!("orden:{{{id}}}"), format!("orden-fp:{{{id}}}"));
+        let port = cluster.master_port_of(&key);
+        assert_eq!(port, cluster.master_port_of(&fp), "{key} and {fp}");
+        assert_eq!(
+            cluster.keys_holding(port, &key, "COMPLETADA"),
+            vec![key.clone()],
+            "{key} on its master"
+        );
+        masters.insert(port);
+    }
+    assert_eq!(masters.len(), 3, "30 orders should use all three masters");
+    let mut listed = g.completed_orders().await.unwrap();
+    listed.sort();
+    let mut want: Vec<(String, Option<String>)> = ids
+        .iter()
+        .map(|id| (id.clone(), Some(format!("fp-{id}"))))
+        .collect();
+    want.sort();
+    assert_eq!(listed, want);
+    assert!(g
+        .forget_completed(&ids[0], Some(&format!("fp-{}", ids[0])))
+        .await
+        .unwrap());
+    assert!(g.inspect(&ids[0]).await.unwrap().value.is_none());
+}
+
+/// The mismatch the issue is about: the plain client on a cluster. The
+/// start check says which setting to use, and so does an operation whose
+/// key lives on another node (`MOVED`), instead of failing obscurely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_client_on_a_cluster_says_set_redis_cluster_true() {
+    let cluster = RedisCluster::start(SUITE_NODE_TIMEOUT_MS);
+    let seed = cluster.url();
+    let seed_port: u16 = seed.rsplit(':').next().unwrap().parse().unwrap();
+    let g = order_guard::guard::RedisGuard::new(
+        &seed,
+        settings(300, 86_400),
+        Duration::from_millis(500),
+    )
+    .unwrap();
+    let e = g.preflight().await.expect_err("a cluster seen as one node");
+    assert!(
+        e.0.contains("is a cluster") && e.0.contains("set REDIS_CLUSTER=true"),
+        "{e}"
+    );
+    assert!(e.0.contains(&format!("127.0.0.1:{seed_port}")), "{e}");
+    let elsewhere = (0..)
+        .map(|_| unique_id("o"))
+        .find(|id| cluster.master_port_of(&format!("orden:{{{id}}}")) != seed_port)
+        .unwrap();
+    match g.acquire(&elsewhere).await {
+        Acquisition::Unavailable(why) => assert!(
+            why.contains("is a cluster") && why.contains("set REDIS_CLUSTER=true"),
+            "{why}"
+        ),
+        other => panic!("want Unavailable naming REDIS_CLUSTER, got {other:?}"),
+    }
+}
+
+/// The reverse: REDIS_CLUSTER=true on a single node.
+#[tokio::test]
+async fn the_cluster_client_on_one_node_says_set_redis_cluster_false() {
+    let server = RedisServer::start();
+    let g = order_guard::guard::RedisGuard::with_topology(
+        &server.url(),
+        order_guard::guard::Topology::Cluster,
+        settings(300, 86_400),
+        Duration::from_millis(500),
+    )
+    .unwrap();
+    let e = g.preflight().await.expect_err("one node seen as a cluster");
+    assert!(
+        e.0.contains("is not a cluster") && e.0.contains("set REDIS_CLUSTER=false"),
+        "{e}"
+    );
+}
+
+/// A master killed: once its replica is promoted, the same guard (no new
+/// connection built) works on that slot range again, and the old master
+/// comes back as a replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_guard_follows_a_failover() {
+    let mut cluster = RedisCluster::start(1_000);
+    let g = common::redis_cluster_guard(&cluster, settings(300, 86_400));
+    let id = unique_id("o");
+    let key = format!("orden:{{{id}}}");
+    token(g.acquire(&id).await);
+    g.complete(&id, "fp").await.unwrap();
+    let master = cluster.master_port_of(&key);
+    // Replication is asynchronous: wait (replication offsets) until the
+    // replica has the keys, so this test is about the failover, not a loss.
+    cluster.wait_replicated(master);
+    let promoted =
+        tokio::task::block_in_place(|| cluster.kill_master_and_wait_for_failover(master));
+    assert_eq!(cluster.master_port_of(&key), promoted);
+    let mut last = None;
+    for _ in 0..100 {
+        match g.acquire(&id).await {
+            Acquisition::Completed { fingerprint } => {
+                assert_eq!(fingerprint.as_deref(), Some("fp"));
+                last = None;
+                break;
+            }
+            other => last = Some(other),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        last.is_none(),
+        "the guard did not follow the failover: {last:?}"
+    );
+    let fresh = (0..)
+        .map(|_| unique_id("o"))
+        .find(|id| cluster.master_port_of(&format!("orden:{{{id}}}")) == promoted)
+        .unwrap();
+    token(g.acquire(&fresh).await);
+    tokio::task::block_in_place(|| cluster.bring_back(master));
+    g.complete(&fresh, "fp2").await.unwrap();
+    assert_eq!(
+        g.acquire(&fresh).await,
+        Acquisition::Completed {
+            fingerprint: Some("fp2".into())
+        }
+    );
+}
 
 #[tokio::test]
 async fn redis_keys_follow_the_seed_protocol() {
@@ -155,7 +312,7 @@ async fn redis_keys_follow_the_seed_protocol() {
     let t = token(g.acquire(&id).await);
     assert!(t.value().starts_with("PROCESANDO:"));
     // PROCESANDO:<token>:<owner's deadline, ms on the server's clock>.
-    let value = server.get(&format!("orden:{id}")).expect("reservation");
+    let value = server.get(&format!("orden:{{{id}}}")).expect("reservation");
     let deadline: u64 = value
         .strip_prefix(&format!("{}:", t.value()))
         .and_then(|d| d.parse().ok())
@@ -175,18 +332,18 @@ async fn redis_keys_follow_the_seed_protocol() {
         deadline <= now_ms + lease && deadline + 5_000 >= now_ms + lease,
         "deadline {deadline} vs now {now_ms} + lease {lease}"
     );
-    let ttl = server.ttl(&format!("orden:{id}"));
+    let ttl = server.ttl(&format!("orden:{{{id}}}"));
     assert!((295..=300).contains(&ttl), "processing TTL {ttl}");
     g.complete(&id, "abc").await.unwrap();
     assert_eq!(
-        server.get(&format!("orden:{id}")).as_deref(),
+        server.get(&format!("orden:{{{id}}}")).as_deref(),
         Some("COMPLETADA")
     );
     assert_eq!(
-        server.get(&format!("orden-fp:{id}")).as_deref(),
+        server.get(&format!("orden-fp:{{{id}}}")).as_deref(),
         Some("abc")
     );
-    let ttl = server.ttl(&format!("orden:{id}"));
+    let ttl = server.ttl(&format!("orden:{{{id}}}"));
     assert!((86_390..=86_400).contains(&ttl), "COMPLETADA TTL {ttl}");
 }
 
@@ -197,7 +354,7 @@ async fn another_owners_reservation_is_in_progress() {
     let id = unique_id("o");
     server.cmd(&[
         "SET",
-        &format!("orden:{id}"),
+        &format!("orden:{{{id}}}"),
         "PROCESANDO:someone-else",
         "EX",
         "300",
@@ -205,7 +362,7 @@ async fn another_owners_reservation_is_in_progress() {
     assert_eq!(g.acquire(&id).await, Acquisition::InProgress);
     assert!(!g.release(&id, &Token::new()).await.unwrap());
     assert_eq!(
-        server.get(&format!("orden:{id}")).as_deref(),
+        server.get(&format!("orden:{{{id}}}")).as_deref(),
         Some("PROCESANDO:someone-else")
     );
 }
@@ -260,7 +417,7 @@ async fn an_acquire_that_timed_out_on_a_hung_redis_leaves_no_reservation() {
     let g = common::redis_guard(&server, settings(300, 86_400));
     token(g.acquire(&unique_id("warm")).await);
     let id = unique_id("o");
-    let key = format!("orden:{id}");
+    let key = format!("orden:{{{id}}}");
 
     let pid = server.pid().unwrap();
     // Resumed when dropped, even if an assertion below fails.

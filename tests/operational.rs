@@ -148,7 +148,7 @@ impl Drop for DbLock {
 /// Wait (bounded) until the order's guard key holds a reservation: the
 /// invocation has passed step 1 and is now in the store.
 async fn wait_for_reservation(redis: &RedisServer, id: &str) {
-    let key = format!("orden:{id}");
+    let key = format!("orden:{{{id}}}");
     let started = Instant::now();
     loop {
         if redis
@@ -211,7 +211,7 @@ async fn starts_degraded_when_redis_is_down_and_uses_it_once_it_is_up() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(
-        redis.get(&format!("orden:{id}")).as_deref(),
+        redis.get(&format!("orden:{{{id}}}")).as_deref(),
         Some("COMPLETADA")
     );
     // The order done while Redis was down is still a duplicate (from the store).
@@ -304,7 +304,7 @@ async fn sigterm_drains_an_in_flight_invocation_which_completes_its_guard() {
     let rv = succeeded(&answer);
     assert_eq!(rv["outcome"], "executed", "{rv}");
     assert_eq!(
-        redis.get(&format!("orden:{id}")).as_deref(),
+        redis.get(&format!("orden:{{{id}}}")).as_deref(),
         Some("COMPLETADA")
     );
     let status = handler.child.wait().await.unwrap();
@@ -359,7 +359,7 @@ async fn sigterm_drains_an_in_flight_invocation_which_releases_its_guard() {
         "{rv}"
     );
     assert_eq!(
-        redis.get(&format!("orden:{id}")),
+        redis.get(&format!("orden:{{{id}}}")),
         None,
         "reservation not released"
     );
@@ -454,7 +454,7 @@ async fn hung_redis_gives_an_answer_not_a_stuck_invocation() {
                 b["ReturnValue"]["outcome"],
                 "in_progress",
                 "a reservation nobody owns blocks the order: {b}; key = {:?}",
-                redis.get(&format!("orden:{strict_id}"))
+                redis.get(&format!("orden:{{{strict_id}}}"))
             ),
             other => panic!("{other:?}"),
         }
@@ -498,7 +498,7 @@ async fn database_locked_past_the_busy_timeout_gives_retry_and_releases_the_guar
         "{rv}"
     );
     assert_eq!(
-        redis.get(&format!("orden:{id}")),
+        redis.get(&format!("orden:{{{id}}}")),
         None,
         "reservation not released"
     );
@@ -559,7 +559,7 @@ async fn a_locked_database_cannot_hold_an_invocation_past_its_deadline() {
         "{rv}"
     );
     assert_eq!(
-        redis.get(&format!("orden:{id}")),
+        redis.get(&format!("orden:{{{id}}}")),
         None,
         "reservation not released"
     );

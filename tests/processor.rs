@@ -85,7 +85,7 @@ async fn sixty_four_concurrent_deliveries_execute_once_with_redis() {
     let row = store.order(&id).await.unwrap().unwrap();
     assert_eq!(row.status, OrderStatus::Executed);
     assert_eq!(
-        server.get(&format!("orden:{id}")).as_deref(),
+        server.get(&format!("orden:{{{id}}}")).as_deref(),
         Some("COMPLETADA")
     );
     assert_eq!(p.counters().executed, 1);
@@ -173,7 +173,7 @@ async fn a_different_order_reusing_an_id_is_a_stored_conflict() {
         Some(dec("10"))
     );
     // The conflicting delivery left no reservation behind.
-    assert_eq!(server.get(&format!("orden:{id}")), None);
+    assert_eq!(server.get(&format!("orden:{{{id}}}")), None);
 }
 
 #[tokio::test]
@@ -248,7 +248,7 @@ async fn a_reservation_held_by_another_owner_is_in_progress_and_untouched() {
     let id = unique_id("ord");
     server.cmd(&[
         "SET",
-        &format!("orden:{id}"),
+        &format!("orden:{{{id}}}"),
         "PROCESANDO:other-worker",
         "EX",
         "300",
@@ -259,11 +259,11 @@ async fn a_reservation_held_by_another_owner_is_in_progress_and_untouched() {
     assert_eq!(o.outcome, OutcomeKind::InProgress);
     assert!(store.order(&id).await.unwrap().is_none());
     assert_eq!(
-        server.get(&format!("orden:{id}")).as_deref(),
+        server.get(&format!("orden:{{{id}}}")).as_deref(),
         Some("PROCESANDO:other-worker")
     );
     // The other worker dies; its key expires (simulated by deleting it).
-    server.cmd(&["DEL", &format!("orden:{id}")]);
+    server.cmd(&["DEL", &format!("orden:{{{id}}}")]);
     let o = p
         .process_event(&eg_event(order_data(&id, "buy", "X", "1", "a")))
         .await;
@@ -294,7 +294,7 @@ async fn a_row_left_received_by_a_crashed_worker_is_resumed_once() {
         OutcomeKind::Duplicate
     );
     assert_eq!(
-        server.get(&format!("orden:{id}")).as_deref(),
+        server.get(&format!("orden:{{{id}}}")).as_deref(),
         Some("COMPLETADA"),
         "guard refreshed"
     );
@@ -319,7 +319,7 @@ async fn a_store_failure_answers_retry_and_releases_the_reservation() {
     assert_eq!(o.outcome, OutcomeKind::Retry, "{o:?}");
     assert!(o.reason.unwrap().contains("transient"));
     assert_eq!(
-        server.get(&format!("orden:{id}")),
+        server.get(&format!("orden:{{{id}}}")),
         None,
         "reservation released for the retry"
     );

@@ -31,7 +31,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use self::memory::MemoryGuard;
-pub use self::redis::RedisGuard;
+pub use self::redis::{RedisGuard, Topology};
 
 /// Value prefix of a key held by a worker; the token follows it.
 pub const PROCESSING: &str = "PROCESANDO";
@@ -126,19 +126,58 @@ impl Default for GuardSettings {
 }
 
 impl GuardSettings {
-    /// `{prefix}{orderId}`: the seed's key.
+    /// `{prefix}{{orderId}}`, e.g. `orden:{o-1}`: the order id is a Redis
+    /// hash tag, so the guard key and the fingerprint key of one order hash
+    /// to the same cluster slot (a script may only touch keys of one slot).
     pub fn key(&self, order_id: &str) -> String {
-        format!("{}{order_id}", self.prefix)
+        format!("{}{}", self.prefix, hash_tagged(order_id))
     }
 
-    /// The companion key holding a completed order's fingerprint. Its prefix
-    /// differs from the guard prefix in its last character, so neither is a
-    /// prefix of the other and no order id can make the two key spaces meet.
+    /// The companion key holding a completed order's fingerprint,
+    /// `orden-fp:{orderId}`. Its prefix differs from the guard prefix in its
+    /// last character, so neither is a prefix of the other and no order id
+    /// can make the two key spaces meet; the same hash tag puts it in the
+    /// guard key's slot.
     pub fn fingerprint_key(&self, order_id: &str) -> String {
+        format!("{}{}", self.fingerprint_prefix(), hash_tagged(order_id))
+    }
+
+    fn fingerprint_prefix(&self) -> String {
         let mut p = self.prefix.clone();
         let last = p.pop().unwrap_or(':');
         p.push(if last == '-' { '_' } else { '-' });
-        format!("{p}fp:{order_id}")
+        p.push_str("fp:");
+        p
+    }
+
+    /// The order id of a guard key made by [`GuardSettings::key`]; `None`
+    /// for any other key (another prefix, a fingerprint key, a key in the
+    /// format before hash tags: `orden:<id>`).
+    pub fn order_id_of(&self, key: &str) -> Option<String> {
+        let rest = key.strip_prefix(self.prefix.as_str())?;
+        if let Some(id) = rest.strip_prefix('{').and_then(|r| r.strip_suffix('}')) {
+            if !id.is_empty() && !id.starts_with('}') {
+                return Some(id.to_string());
+            }
+        }
+        let id = rest.strip_prefix(CLOSING_BRACE_TAG)?.strip_suffix('~')?;
+        (id.is_empty() || id.starts_with('}')).then(|| id.to_string())
+    }
+}
+
+/// The tag of ids that begin with `}`: Redis reads `{}…` as an empty tag
+/// and would hash the whole key, putting an order's two keys in different
+/// slots.
+const CLOSING_BRACE_TAG: &str = "{~}";
+
+/// `{id}`, whose hash tag (the text up to the first `}`) is never empty;
+/// for an id that begins with `}` it is `{~}id~` (tag `~`; it ends in `~`,
+/// never `}`, so it cannot be the `{id}` form of another id).
+fn hash_tagged(order_id: &str) -> String {
+    if order_id.starts_with('}') || order_id.is_empty() {
+        format!("{CLOSING_BRACE_TAG}{order_id}~")
+    } else {
+        format!("{{{order_id}}}")
     }
 }
 
@@ -148,6 +187,14 @@ impl GuardSettings {
 pub trait IdempotencyGuard: Send + Sync {
     /// `"redis"` or `"memory"`, for logs and answers.
     fn name(&self) -> &'static str;
+
+    /// Check, before serving, that the backend is the kind configured (a
+    /// Redis cluster reached with the cluster client, a single endpoint with
+    /// the plain one): `Err` says which setting to change. An unreachable
+    /// backend is not an error here (its operations answer `Unavailable`).
+    async fn preflight(&self) -> Result<(), GuardError> {
+        Ok(())
+    }
 
     /// Reserve the order, or say why not, in one round trip.
     async fn acquire(&self, order_id: &str) -> Acquisition;
@@ -202,7 +249,7 @@ mod tests {
                 ..GuardSettings::default()
             };
             let fp = s.fingerprint_key("id");
-            let fp_prefix = fp.strip_suffix("id").unwrap();
+            let fp_prefix = fp.strip_suffix("{id}").unwrap();
             assert!(
                 !fp_prefix.starts_with(prefix),
                 "{fp_prefix} starts with {prefix}"
@@ -214,7 +261,54 @@ mod tests {
         }
         assert_eq!(
             GuardSettings::default().fingerprint_key("o1"),
-            "orden-fp:o1"
+            "orden-fp:{o1}"
+        );
+    }
+
+    /// The two keys of an order share a cluster slot for every id (Redis'
+    /// hash tag: the text between the first `{` and the first `}` after it,
+    /// when not empty), and a key gives back its order id.
+    #[test]
+    fn both_keys_of_an_order_share_a_slot_and_give_back_the_id() {
+        use ::redis::cluster_routing::Slot;
+        let default = GuardSettings::default();
+        assert_eq!(default.key("o-1"), "orden:{o-1}");
+        assert_eq!(default.key("}x"), "orden:{~}}x~");
+        for prefix in ["orden:", "ordms:", "x-"] {
+            let s = GuardSettings {
+                prefix: prefix.into(),
+                ..GuardSettings::default()
+            };
+            for id in [
+                "o-1",
+                "ord-20250614-00731",
+                "a}b",
+                "}x",
+                "}",
+                "{",
+                "{}",
+                "a{b}c",
+                "~",
+                "{~}",
+                "x~",
+                "ü€",
+                "a b",
+            ] {
+                let (k, fp) = (s.key(id), s.fingerprint_key(id));
+                assert_eq!(Slot::for_key(&k), Slot::for_key(&fp), "{k} / {fp}");
+                assert_eq!(s.order_id_of(&k).as_deref(), Some(id), "{k}");
+                assert_eq!(s.order_id_of(&fp), None, "{fp} is not a guard key");
+            }
+            // Distinct ids, distinct keys (the `}` form never ends in `}`).
+            assert_ne!(s.key("}x"), s.key("~}}x~"));
+            assert_ne!(s.key("}x~"), s.key("~}}x"));
+            // A key in the format before hash tags is not listed.
+            assert_eq!(s.order_id_of(&format!("{prefix}o-1")), None);
+        }
+        // Ids spread over slots: the tag is the id, not a constant.
+        assert_ne!(
+            Slot::for_key(default.key("o-1")),
+            Slot::for_key(default.key("o-2"))
         );
     }
 

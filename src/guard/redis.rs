@@ -4,11 +4,25 @@
 //! one round trip; scripts run on Redis 6 (Azure Cache for Redis). Connections
 //! come from redis-rs' `ConnectionManager`, created lazily so the handler starts
 //! while Redis is down, and reconnecting by itself when Redis returns.
+//!
+//! **Clusters.** With [`Topology::Cluster`] the connection is redis-rs' async
+//! cluster client instead (also lazy): it learns the slot map from the node
+//! it is given, follows `MOVED`/`ASK`, refreshes the map and reconnects after
+//! a failover. The scripts are the same: an `EVAL` may run on a cluster when
+//! all its keys are in one slot, and an order's two keys share its hash tag
+//! (`orden:{id}`, `orden-fp:{id}`). A cache that answers as a cluster to the
+//! plain client (`MOVED`, `CROSSSLOT`), or one that is not a cluster to the
+//! cluster client, is named in one error-level log line with the setting to
+//! change, once, and in every such operation's error.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::Script;
 
 use super::{
@@ -88,10 +102,66 @@ const INSPECT: &str = r"
 return {redis.call('GET', KEYS[1]), redis.call('TTL', KEYS[1]), redis.call('GET', KEYS[2])}
 ";
 
+/// How the cache is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// One endpoint: a single node, a replicated pair behind one address, or
+    /// a proxy cluster that hides its shards (Azure's Enterprise cluster
+    /// policy). `REDIS_CLUSTER=false`.
+    Single,
+    /// An OSS-protocol cluster (`CLUSTER SLOTS`, `MOVED`): the URL names one
+    /// node, the others are found from it. `REDIS_CLUSTER=true`.
+    Cluster,
+}
+
+/// The connection: one endpoint, or a cluster. Both are cheap to clone
+/// (handles on one multiplexed connection, or on the cluster's).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// Redis-backed guard.
 pub struct RedisGuard {
     settings: GuardSettings,
-    conn: ConnectionManager,
+    conn: Conn,
+    topology: Topology,
+    /// `host:port` of the URL, for messages (never the credentials).
+    endpoint: String,
+    /// The topology mismatch has been logged (once per process).
+    mismatch_logged: AtomicBool,
     timeout: Duration,
     acquire: Script,
     complete: Script,
@@ -110,18 +180,61 @@ impl RedisGuard {
         settings: GuardSettings,
         timeout: Duration,
     ) -> Result<RedisGuard, GuardError> {
+        RedisGuard::with_topology(url, Topology::Single, settings, timeout)
+    }
+
+    /// A guard on `url` reached as `topology` says; a cluster's URL names
+    /// any one of its nodes. Lazy like [`RedisGuard::new`]; must be called
+    /// inside a tokio runtime (the cluster client spawns its task).
+    pub fn with_topology(
+        url: &str,
+        topology: Topology,
+        settings: GuardSettings,
+        timeout: Duration,
+    ) -> Result<RedisGuard, GuardError> {
         let client =
             redis::Client::open(url).map_err(|e| GuardError(format!("invalid Redis URL: {e}")))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| GuardError(format!("cannot set up the Redis connection: {e}")))?;
+        let endpoint = client.get_connection_info().addr().to_string();
+        let conn = match topology {
+            Topology::Single => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(500));
+                Conn::Single(
+                    ConnectionManager::new_lazy_with_config(client, config).map_err(|e| {
+                        GuardError(format!("cannot set up the Redis connection: {e}"))
+                    })?,
+                )
+            }
+            Topology::Cluster => {
+                // redis-rs' defaults wait 1.28 s or more before a retry,
+                // longer than a guard call may take: retry soon, few times,
+                // and let our timeout bound the whole call.
+                let client = ClusterClientBuilder::new(vec![client.get_connection_info().clone()])
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(3)
+                    .min_retry_wait(10)
+                    .max_retry_wait(timeout.as_millis().clamp(20, 500) as u64)
+                    .build()
+                    .map_err(|e| GuardError(format!("invalid Redis cluster settings: {e}")))?;
+                Conn::Cluster(
+                    client.get_pending_async_connection_with_config(
+                        redis::cluster::ClusterConfig::new()
+                            .set_connection_timeout(timeout)
+                            .set_response_timeout(timeout),
+                    ),
+                )
+            }
+        };
         Ok(RedisGuard {
             settings,
             conn,
+            topology,
+            endpoint,
+            mismatch_logged: AtomicBool::new(false),
             timeout,
             acquire: Script::new(ACQUIRE),
             complete: Script::new(COMPLETE),
@@ -158,12 +271,207 @@ impl RedisGuard {
         let mut conn = self.conn.clone();
         match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(GuardError(e.to_string())),
+            Ok(Err(e)) => Err(self.error(e)),
             Err(_) => Err(GuardError(format!(
                 "Redis did not answer within {} ms",
                 self.timeout.as_millis()
             ))),
         }
+    }
+
+    /// A Redis error as a guard error; a topology mismatch is said plainly,
+    /// and logged at error level the first time.
+    fn error(&self, e: redis::RedisError) -> GuardError {
+        match self.mismatch(&e) {
+            Some(hint) => {
+                if !self.mismatch_logged.swap(true, Ordering::Relaxed) {
+                    log::error!("{hint}");
+                }
+                GuardError(format!("{hint} (Redis answered: {e})"))
+            }
+            None => GuardError(e.to_string()),
+        }
+    }
+
+    /// What to change, when `e` says the cache is not what `REDIS_CLUSTER`
+    /// says: `MOVED`/`ASK`/`CROSSSLOT` to the plain client, or "cluster
+    /// support disabled" to the cluster client.
+    fn mismatch(&self, e: &redis::RedisError) -> Option<String> {
+        use redis::{ErrorKind, ServerErrorKind};
+        match self.topology {
+            Topology::Single => matches!(
+                e.kind(),
+                ErrorKind::Server(
+                    ServerErrorKind::Moved | ServerErrorKind::Ask | ServerErrorKind::CrossSlot
+                )
+            )
+            .then(|| self.is_a_cluster()),
+            Topology::Cluster => e
+                .to_string()
+                .to_ascii_lowercase()
+                .contains("cluster support disabled")
+                .then(|| self.is_not_a_cluster()),
+        }
+    }
+
+    fn is_a_cluster(&self) -> String {
+        format!(
+            "the Redis at {} is a cluster (OSS cluster protocol: it redirects keys to other nodes), and REDIS_CLUSTER is not true: set REDIS_CLUSTER=true; until then the guard cannot work",
+            self.endpoint
+        )
+    }
+
+    fn is_not_a_cluster(&self) -> String {
+        format!(
+            "the Redis at {} is not a cluster (cluster support disabled), and REDIS_CLUSTER=true: set REDIS_CLUSTER=false; until then the guard cannot work",
+            self.endpoint
+        )
+    }
+
+    /// Ask the cache whether it is what `REDIS_CLUSTER` says (`INFO
+    /// cluster`: `cluster_enabled:1` only on an OSS-protocol cluster node; a
+    /// proxy cluster answers 0, correctly, since it takes every key).
+    /// `Err` with the setting to change on a mismatch (also logged, once);
+    /// `Ok(None)` when it matches; `Ok(Some(why))` when the cache did not
+    /// answer (it is checked again by the first operation's errors).
+    pub async fn check_topology(&self) -> Result<Option<String>, GuardError> {
+        let mut conn = self.conn.clone();
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("cluster");
+        let answer = match &mut conn {
+            Conn::Single(c) => {
+                tokio::time::timeout(self.timeout, cmd.query_async::<String>(c)).await
+            }
+            Conn::Cluster(c) => {
+                // Any one node: they all answer alike.
+                let routed =
+                    c.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random));
+                tokio::time::timeout(self.timeout, async {
+                    redis::from_redis_value::<String>(routed.await?)
+                        .map_err(redis::RedisError::from)
+                })
+                .await
+            }
+        };
+        let text = match answer {
+            Ok(Ok(text)) => text,
+            Ok(Err(e)) => {
+                let e = self.error(e);
+                return match self.mismatch_logged.load(Ordering::Relaxed) {
+                    true => Err(e),
+                    false => Ok(Some(e.0)),
+                };
+            }
+            Err(_) => {
+                return Ok(Some(format!(
+                    "Redis did not answer within {} ms",
+                    self.timeout.as_millis()
+                )))
+            }
+        };
+        let clustered = text.lines().any(|l| l.trim() == "cluster_enabled:1");
+        let hint = match (self.topology, clustered) {
+            (Topology::Single, true) => self.is_a_cluster(),
+            (Topology::Cluster, false) => self.is_not_a_cluster(),
+            _ => return Ok(None),
+        };
+        if !self.mismatch_logged.swap(true, Ordering::Relaxed) {
+            log::error!("{hint}");
+        }
+        Err(GuardError(hint))
+    }
+
+    /// The nodes that hold slots (the masters), as `(host, port)`, from
+    /// `CLUSTER SLOTS` (the names the cluster client routes by).
+    async fn cluster_masters(
+        &self,
+        conn: &mut ClusterConnection,
+    ) -> Result<Vec<(String, u16)>, GuardError> {
+        let slots = tokio::time::timeout(
+            self.timeout,
+            conn.route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            ),
+        )
+        .await
+        .map_err(|_| GuardError("CLUSTER SLOTS: no answer in time".into()))?
+        .map_err(|e| self.error(e))?;
+        let ranges: Vec<Vec<redis::Value>> = redis::from_redis_value(slots)
+            .map_err(|e| GuardError(format!("CLUSTER SLOTS: {e}")))?;
+        let mut masters = Vec::new();
+        for range in ranges {
+            // [start, end, [host, port, id, …] (the master), replicas…]
+            let master: Vec<redis::Value> = match range.get(2) {
+                Some(v) => redis::from_redis_value(v.clone())
+                    .map_err(|e| GuardError(format!("CLUSTER SLOTS: {e}")))?,
+                None => continue,
+            };
+            let (Some(host), Some(port)) = (master.first(), master.get(1)) else {
+                continue;
+            };
+            let host: String = redis::from_redis_value(host.clone())
+                .map_err(|e| GuardError(format!("CLUSTER SLOTS: {e}")))?;
+            let port: u16 = redis::from_redis_value(port.clone())
+                .map_err(|e| GuardError(format!("CLUSTER SLOTS: {e}")))?;
+            if !masters.contains(&(host.clone(), port)) {
+                masters.push((host, port));
+            }
+        }
+        Ok(masters)
+    }
+
+    /// Every key matching `pattern`: `SCAN` on the one endpoint, or on every
+    /// master of a cluster (each holds its own slots' keys).
+    async fn scan_keys(&self, pattern: &str) -> Result<Vec<String>, GuardError> {
+        let mut conn = self.conn.clone();
+        let nodes = match &mut conn {
+            Conn::Single(_) => vec![None],
+            Conn::Cluster(c) => self
+                .cluster_masters(c)
+                .await?
+                .into_iter()
+                .map(Some)
+                .collect(),
+        };
+        let mut keys = Vec::new();
+        for node in nodes {
+            let mut cursor = 0u64;
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let page = match (&mut conn, &node) {
+                    (Conn::Cluster(c), Some((host, port))) => {
+                        let routed = c.route_command(
+                            cmd,
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                host: host.clone(),
+                                port: *port,
+                            }),
+                        );
+                        tokio::time::timeout(self.timeout, routed)
+                            .await
+                            .map(|r| r.and_then(|v| Ok(redis::from_redis_value(v)?)))
+                    }
+                    (c, _) => tokio::time::timeout(self.timeout, cmd.query_async(c)).await,
+                };
+                let (next, page): (u64, Vec<String>) = page
+                    .map_err(|_| GuardError("SCAN: no answer in time".into()))?
+                    .map_err(|e| self.error(e))?;
+                keys.extend(page);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        keys.sort();
+        keys.dedup(); // SCAN may return a key twice
+        Ok(keys)
     }
 
     /// An acquire that timed out may still run: a hung Redis (paused, stuck
@@ -198,7 +506,7 @@ impl RedisGuard {
 /// is disowned exactly like one that timed out.
 struct Disown {
     cmd: Option<redis::Cmd>,
-    conn: ConnectionManager,
+    conn: Conn,
     bound: Duration,
 }
 
@@ -227,6 +535,19 @@ impl Drop for Disown {
 impl IdempotencyGuard for RedisGuard {
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    async fn preflight(&self) -> Result<(), GuardError> {
+        match self.check_topology().await? {
+            None => Ok(()),
+            Some(why) => {
+                log::warn!(
+                    "could not ask the Redis at {} whether it is a cluster ({why}); its first answers will tell",
+                    self.endpoint
+                );
+                Ok(())
+            }
+        }
     }
 
     async fn acquire(&self, order_id: &str) -> Acquisition {
@@ -281,27 +602,17 @@ impl IdempotencyGuard for RedisGuard {
     }
 
     async fn completed_orders(&self) -> Result<Vec<(String, Option<String>)>, GuardError> {
-        use futures::StreamExt;
         let pattern = format!("{}*", glob_escape(&self.settings.prefix));
-        let mut conn = self.conn.clone();
-        let keys: Vec<String> = {
-            let iter = redis::AsyncCommands::scan_match::<_, String>(&mut conn, pattern)
-                .await
-                .map_err(|e| GuardError(e.to_string()))?;
-            iter.collect::<Vec<_>>()
-                .await
-                .into_iter()
-                .collect::<Result<_, _>>()
-                .map_err(|e| GuardError(e.to_string()))?
-        };
         let mut completed = Vec::new();
-        for key in keys {
-            let Some(order_id) = key.strip_prefix(&self.settings.prefix) else {
+        for key in self.scan_keys(&pattern).await? {
+            // Keys of the format before hash tags (`orden:<id>`) are not
+            // listed: they expire within the completed TTL.
+            let Some(order_id) = self.settings.order_id_of(&key) else {
                 continue;
             };
-            let entry = self.inspect(order_id).await?;
+            let entry = self.inspect(&order_id).await?;
             if entry.value.as_deref() == Some(COMPLETED) {
-                completed.push((order_id.to_string(), entry.fingerprint));
+                completed.push((order_id, entry.fingerprint));
             }
         }
         Ok(completed)
