@@ -360,6 +360,8 @@ async fn open_checked(
 /// `status ORDER_ID`: the guard key beside the store's row, as text.
 pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<String> {
     use std::fmt::Write;
+    // As the processor keeps ids: without surrounding white space.
+    let order_id = order_id.trim();
     let (guard, store) = open_checked(config).await?;
     let mut out = String::new();
     let key = config.guard_settings.key(order_id);

@@ -29,8 +29,8 @@ fn err(var: &'static str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Where the guard lives.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where the guard lives. `Debug` never shows credentials.
+#[derive(Clone, PartialEq, Eq)]
 pub enum GuardConfig {
     /// In-process guard (`REDIS_URL` empty or unset).
     Memory,
@@ -40,13 +40,71 @@ pub enum GuardConfig {
     Redis { url: String, cluster: bool },
 }
 
-/// Where the orders live.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where the orders live. `Debug` never shows the connection string.
+#[derive(Clone, PartialEq, Eq)]
 pub enum StoreConfig {
     /// Embedded SQLite file.
     Sqlite { path: PathBuf },
     /// SQL Server / Azure SQL, ADO.NET connection string.
     SqlServer { connection_string: String },
+}
+
+impl std::fmt::Debug for GuardConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuardConfig::Memory => f.write_str("Memory"),
+            GuardConfig::Redis { url, cluster } => f
+                .debug_struct("Redis")
+                .field("url", &without_credentials(url))
+                .field("cluster", cluster)
+                .finish(),
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreConfig::Sqlite { path } => f.debug_struct("Sqlite").field("path", path).finish(),
+            StoreConfig::SqlServer { .. } => f
+                .debug_struct("SqlServer")
+                .field("connection_string", &"(not shown)")
+                .finish(),
+        }
+    }
+}
+
+/// A URL with whatever precedes its last `@` (user and password) replaced.
+fn without_credentials(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, host)) => format!("{scheme}://(credentials not shown)@{host}"),
+            None => url.to_string(),
+        },
+        None => "(not a URL; not shown)".into(),
+    }
+}
+
+/// Whether `h` can be a host: an IPv6 literal in brackets, or dot-separated
+/// labels of letters, digits and `-`, and not a lone mixed-case token that
+/// looks like an access key (Azure's keys are 44 base64 characters).
+fn plausible_host(h: &str) -> bool {
+    if let Some(inner) = h.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+        return inner.parse::<std::net::Ipv6Addr>().is_ok();
+    }
+    let labels_ok = !h.is_empty()
+        && h.len() <= 253
+        && h.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    let key_like = !h.contains('.')
+        && h.len() >= 20
+        && h.bytes().any(|b| b.is_ascii_uppercase())
+        && h.bytes().any(|b| b.is_ascii_lowercase())
+        && h.bytes().any(|b| b.is_ascii_digit());
+    labels_ok && !key_like
 }
 
 /// Everything the binary needs.
@@ -145,6 +203,9 @@ impl Config {
                 ))
             }
         };
+        let event_types = val("ORDER_EVENT_TYPES")
+            .map(|v| event_types(&v))
+            .transpose()?;
         let deadline = num("INVOCATION_DEADLINE_MS", 20_000, 100, 25_000)?;
         let redis_timeout = num("REDIS_TIMEOUT_MS", 1_000, 10, 10_000)?;
         // Every step of an event runs inside the deadline; only the release of
@@ -191,10 +252,10 @@ impl Config {
                 }
                 Some(path) => StoreConfig::Sqlite { path: path.into() },
                 None => {
-                    if !v.contains('=') {
+                    if !names_a_server(&v) {
                         return Err(err(
                             "SQL_CONNECTION_STRING",
-                            "expected an ADO.NET connection string (Server=tcp:…;Initial Catalog=…;…), sqlite:PATH, or nothing for the embedded default",
+                            "expected an ADO.NET connection string naming its server (Server=tcp:…;Initial Catalog=…;…), sqlite:PATH, or nothing for the embedded default (the value is not shown)",
                         ));
                     }
                     StoreConfig::SqlServer {
@@ -245,6 +306,7 @@ impl Config {
             processor: ProcessorSettings {
                 on_guard_unavailable,
                 deadline: Duration::from_millis(deadline),
+                event_types,
             },
             shutdown_grace: Duration::from_secs(num("SHUTDOWN_GRACE_SECONDS", 25, 0, 300)?),
         })
@@ -259,6 +321,40 @@ fn parse_num(var: &'static str, v: &str, min: u64, max: u64) -> Result<u64, Conf
             format!("expected a whole number from {min} to {max}, got {v:?}"),
         )),
     }
+}
+
+/// Whether an ADO.NET string has a server key (`Server`, `Data Source`,
+/// `Address`, `Addr`, `Network Address`): a pasted password or key has none.
+fn names_a_server(v: &str) -> bool {
+    v.split(';').any(|part| {
+        part.split_once('=').is_some_and(|(k, _)| {
+            let k = k.trim().to_ascii_lowercase();
+            [
+                "server",
+                "data source",
+                "address",
+                "addr",
+                "network address",
+            ]
+            .contains(&k.as_str())
+        })
+    })
+}
+
+/// `ORDER_EVENT_TYPES`: event types separated by commas, each non-empty and
+/// without spaces or control characters.
+fn event_types(v: &str) -> Result<Vec<String>, ConfigError> {
+    let types: Vec<String> = v.split(',').map(|t| t.trim().to_string()).collect();
+    if types
+        .iter()
+        .any(|t| t.is_empty() || t.chars().any(|c| c.is_control() || c.is_whitespace()))
+    {
+        return Err(err(
+            "ORDER_EVENT_TYPES",
+            "expected event types separated by commas, none empty and none with spaces, e.g. Trading.Order.Placed (or nothing: every type is an order)",
+        ));
+    }
+    Ok(types)
 }
 
 /// Accept a redis-rs URL, or translate Azure's StackExchange.Redis form
@@ -278,12 +374,18 @@ fn allowed(v: Option<String>) -> Result<bool, ConfigError> {
 pub fn redis_url(v: &str) -> Result<String, ConfigError> {
     const VAR: &str = "REDIS_URL";
     if v.starts_with("redis://") || v.starts_with("rediss://") || v.starts_with("redis+unix://") {
-        redis::parse_redis_url(v).ok_or_else(|| {
+        let url = redis::parse_redis_url(v).ok_or_else(|| {
             err(
                 VAR,
                 "not a valid redis:// or rediss:// URL (the value is not shown)",
             )
         })?;
+        if url.host_str().is_some_and(|h| !plausible_host(h)) {
+            return Err(err(
+                VAR,
+                "the URL's host is not a host name (an access key in the host's place?); expected redis://HOST:PORT or rediss://:KEY@HOST:6380 (the value is not shown)",
+            ));
+        }
         return Ok(v.to_string());
     }
     let mut parts = v.split(',');
@@ -299,8 +401,11 @@ pub fn redis_url(v: &str) -> Result<String, ConfigError> {
         ),
         None => (endpoint, 6379),
     };
-    if host.is_empty() || host.contains(['/', '@', ' ', ';']) {
-        return Err(err(VAR, format!("not a host name; {form}")));
+    if !plausible_host(host) {
+        return Err(err(
+            VAR,
+            format!("not a host name (an access key pasted alone?); {form}"),
+        ));
     }
     let (mut password, mut ssl, mut user) = (None, port == 6380, None);
     for part in parts {
@@ -386,6 +491,169 @@ mod tests {
                 .contains("shorter than INVOCATION_DEADLINE_MS"),
             "{e}"
         );
+    }
+
+    /// A secret as Azure shows an access key: 44 base64 characters.
+    const KEY: &str = "Zm9vYmFyU2VjcmV0S2V5MTIzNDU2Nzg5MGFiY2RlZg9=";
+    /// The parts of `KEY` that must never be shown (a percent-encoded URL
+    /// still shows its first 40 characters as they are).
+    fn leaks(text: &str) -> bool {
+        text.contains(&KEY[..40])
+    }
+
+    /// Every configuration error path, with the secrets set: no message and
+    /// no `Debug` shows them; every accepted configuration's `Debug` neither.
+    #[test]
+    fn no_configuration_error_or_debug_output_shows_a_secret() {
+        let redis = format!("rediss://:{KEY}@cache.redis.cache.windows.net:6380");
+        let azure = format!("cache.redis.cache.windows.net:6380,password={KEY},ssl=True");
+        let sql = format!("Server=tcp:db,1433;Initial Catalog=o;User ID=u;Password={KEY}");
+        let secrets: [(&str, &str); 2] = [("REDIS_URL", &redis), ("SQL_CONNECTION_STRING", &sql)];
+        // (variable that is wrong, its value): every `err(…)` of this module.
+        let redis_bad = [
+            KEY.to_string(),
+            format!("{KEY}:6380"),
+            format!("redis://{KEY}"),
+            format!("redis://{KEY}:6379"),
+            format!("redis://:{KEY}@host:notaport"),
+            format!("cache:6380;password={KEY}"),
+            format!("default:{KEY}@host"),
+            format!("cache {KEY}:6380"),
+            format!("http://{KEY}@host"),
+            format!("cache:{KEY},password={KEY}"),
+            format!("{KEY},password={KEY},ssl=True"),
+        ];
+        let mut cases: Vec<(&str, Vec<(&str, String)>)> = redis_bad
+            .iter()
+            .map(|v| ("REDIS_URL", vec![("REDIS_URL", v.clone())]))
+            .collect();
+        let plain: Vec<(&str, &str)> = vec![
+            ("FUNCTIONS_CUSTOMHANDLER_PORT", "http"),
+            ("FUNCTIONS_HTTPWORKER_PORT", "0"),
+            ("GUARD_KEY_PREFIX", "a b"),
+            ("GUARD_PROCESSING_TTL_SECONDS", "0"),
+            ("GUARD_COMPLETED_TTL_SECONDS", "1"),
+            ("GUARD_UNAVAILABLE", "maybe"),
+            ("ORDER_EVENT_TYPES", "a,,b"),
+            ("INVOCATION_DEADLINE_MS", "1"),
+            ("REDIS_TIMEOUT_MS", "1"),
+            ("MAX_BODY_BYTES", "1"),
+            ("BODY_READ_TIMEOUT_MS", "1"),
+            ("SQL_CONNECT_TIMEOUT_SECONDS", "0"),
+            ("SQL_QUERY_TIMEOUT_SECONDS", "0"),
+            ("SQL_POOL_SIZE", "0"),
+            ("SQLITE_BUSY_TIMEOUT_MS", "x"),
+            ("SHUTDOWN_GRACE_SECONDS", "x"),
+            ("ORDER_GUARD_ALLOW_EMBEDDED_STATE", "yes"),
+        ];
+        for (var, v) in plain {
+            let mut set = vec![(var, v.to_string())];
+            if var == "ORDER_GUARD_ALLOW_EMBEDDED_STATE" {
+                set.push(("WEBSITE_INSTANCE_ID", "x".into()));
+            }
+            cases.push((var, set));
+        }
+        cases.push((
+            "INVOCATION_DEADLINE_MS",
+            vec![
+                ("INVOCATION_DEADLINE_MS", "25000".into()),
+                ("REDIS_TIMEOUT_MS", "5000".into()),
+            ],
+        ));
+        cases.push((
+            "SQL_CONNECTION_STRING",
+            vec![("SQL_CONNECTION_STRING", KEY.into())],
+        ));
+        cases.push((
+            "SQL_CONNECTION_STRING",
+            vec![("SQL_CONNECTION_STRING", "sqlite:".into())],
+        ));
+        for missing in ["REDIS_URL", "SQL_CONNECTION_STRING"] {
+            let present: Vec<(&str, String)> = secrets
+                .iter()
+                .filter(|(k, _)| *k != missing)
+                .map(|(k, v)| (*k, v.to_string()))
+                .chain([("WEBSITE_INSTANCE_ID", "x".to_string())])
+                .collect();
+            cases.push((missing, present));
+        }
+        for (var, set) in cases {
+            // The secrets stay set unless the case replaces or drops them.
+            let mut pairs: HashMap<&str, String> =
+                secrets.iter().map(|(k, v)| (*k, v.to_string())).collect();
+            if set.iter().any(|(k, _)| *k == "WEBSITE_INSTANCE_ID")
+                && var != "ORDER_GUARD_ALLOW_EMBEDDED_STATE"
+            {
+                pairs.remove(var);
+            }
+            pairs.extend(set.iter().cloned());
+            let got = Config::from_lookup(|k| pairs.get(k).cloned());
+            let e = match got {
+                Err(e) => e,
+                Ok(c) => panic!("{set:?} must be refused, got {c:?}"),
+            };
+            assert_eq!(e.var, var, "{set:?}: {e}");
+            for shown in [e.to_string(), format!("{e:?}")] {
+                assert!(!leaks(&shown), "{var} error shows the secret: {shown}");
+            }
+        }
+        for redis in [redis.as_str(), azure.as_str()] {
+            let c = config(&[("REDIS_URL", redis), ("SQL_CONNECTION_STRING", &sql)]).unwrap();
+            let debug = format!("{c:?} {:?} {:?}", c.guard, c.store);
+            assert!(!leaks(&debug), "Debug shows the secret: {debug}");
+            assert!(
+                debug.contains("cache.redis.cache.windows.net:6380"),
+                "{debug}"
+            );
+        }
+    }
+
+    #[test]
+    fn hosts_are_host_names_or_addresses() {
+        for ok in [
+            "cache",
+            "127.0.0.1",
+            "[::1]",
+            "my-cache.redis.cache.windows.net",
+            "redis-7",
+        ] {
+            assert!(plausible_host(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "a b",
+            "Zm9vYmFyU2VjcmV0S2V5MTIz",
+            "key=",
+            "a..b",
+            "x/y",
+            "[nope]",
+        ] {
+            assert!(!plausible_host(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn order_event_types_is_an_optional_comma_separated_list() {
+        assert_eq!(config(&[]).unwrap().processor.event_types, None);
+        assert_eq!(
+            config(&[("ORDER_EVENT_TYPES", "  ")])
+                .unwrap()
+                .processor
+                .event_types,
+            None
+        );
+        let c = config(&[("ORDER_EVENT_TYPES", "Trading.Order.Placed, Order.Placed")]).unwrap();
+        assert_eq!(
+            c.processor.event_types,
+            Some(vec![
+                "Trading.Order.Placed".to_string(),
+                "Order.Placed".to_string()
+            ])
+        );
+        for bad in ["A,,B", "A,", "Order Placed"] {
+            let e = config(&[("ORDER_EVENT_TYPES", bad)]).unwrap_err();
+            assert_eq!(e.var, "ORDER_EVENT_TYPES", "{bad}");
+        }
     }
 
     #[test]

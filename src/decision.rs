@@ -31,7 +31,7 @@
 
 use serde::Serialize;
 
-use crate::order::OrderStatus;
+use crate::order::{fingerprint_version, OrderStatus};
 use crate::store::{Admission, Execution};
 
 /// How one event ended.
@@ -306,6 +306,11 @@ pub fn completed_verdict(
     fingerprint: &str,
 ) -> CompletedVerdict {
     match (marker.and_then(|m| m.split_once('/')), store_id) {
+        // A marker of another fingerprint version cannot be compared by its
+        // hash: the store's row decides.
+        (Some((_, fp)), _) if fingerprint_version(fp) != fingerprint_version(fingerprint) => {
+            CompletedVerdict::AskStore
+        }
         (Some((id, fp)), Some(ours)) if id == ours => {
             if fp == fingerprint {
                 CompletedVerdict::Duplicate
@@ -497,6 +502,25 @@ mod tests {
         assert_eq!(
             run(P, &[Reply::Completed(CompletedVerdict::Duplicate)]).last(),
             Some(&Step::Answer(OutcomeKind::Duplicate, Why::Done))
+        );
+    }
+
+    #[test]
+    fn a_marker_of_another_fingerprint_version_makes_the_store_decide() {
+        let v1 = "a".repeat(64);
+        let v2 = format!("v2:{}", "a".repeat(64));
+        assert_eq!(
+            completed_verdict(Some(&format!("s/{v1}")), Some("s"), &v2),
+            CompletedVerdict::AskStore
+        );
+        assert_eq!(
+            completed_verdict(Some(&format!("s/{v2}")), Some("s"), &v2),
+            CompletedVerdict::Duplicate
+        );
+        let other = format!("v2:{}", "b".repeat(64));
+        assert_eq!(
+            completed_verdict(Some(&format!("s/{other}")), Some("s"), &v2),
+            CompletedVerdict::Conflict(other.clone())
         );
     }
 

@@ -15,6 +15,29 @@ use crate::order::{json_kind, truncate};
 /// twice; one more round tolerates a hand-made payload).
 const MAX_DECODE_ROUNDS: usize = 3;
 
+/// Most characters of an event id (or type) shown in answers and logs; the
+/// stored rejection and the raw event keep it whole.
+pub const MAX_SHOWN_ID: usize = 128;
+
+/// An event id (or any other value from the event) as answers and logs show
+/// it: at most [`MAX_SHOWN_ID`] characters, marked `…` when cut.
+pub fn shown(s: &str) -> String {
+    truncate(s, MAX_SHOWN_ID)
+}
+
+/// Refuse an event whose type is not in `allowed` (`None`: every type is an
+/// order). Types compare exactly, as Event Grid filters them.
+pub fn check_type(event_type: &str, allowed: Option<&[String]>) -> Result<(), InvalidEvent> {
+    match allowed {
+        Some(types) if !types.iter().any(|t| t == event_type) => Err(InvalidEvent(format!(
+            "event type {:?} is not an order event type (ORDER_EVENT_TYPES: {}); not executed",
+            truncate(event_type, 64),
+            truncate(&types.join(","), 256)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Which envelope an event came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Schema {
@@ -76,6 +99,8 @@ pub fn normalize(mut value: Value) -> Result<Delivery, InvalidEvent> {
 pub struct Envelope<'a> {
     pub schema: Schema,
     pub event_id: String,
+    /// `eventType` (Event Grid) or `type` (CloudEvents).
+    pub event_type: String,
     /// The order payload (`data`): borrowed from the event, or decoded when
     /// it arrived as a string or as `data_base64`.
     pub data: Cow<'a, Value>,
@@ -118,9 +143,10 @@ pub fn parse_envelope(event: &Value) -> Result<Envelope<'_>, InvalidEvent> {
         }
     };
     let event_id = text("id")?;
+    let event_type;
     let data = match schema {
         Schema::EventGrid => {
-            text("eventType")?;
+            event_type = text("eventType")?;
             obj.get("data").map(Cow::Borrowed)
         }
         Schema::CloudEvents => {
@@ -132,9 +158,17 @@ pub fn parse_envelope(event: &Value) -> Result<Envelope<'_>, InvalidEvent> {
                 )));
             }
             text("source")?;
-            text("type")?;
+            event_type = text("type")?;
             match (obj.get("data"), obj.get("data_base64")) {
-                (Some(d), _) => Some(Cow::Borrowed(d)),
+                // CloudEvents 1.0 JSON format §3.1: the two are mutually
+                // exclusive. Which one the publisher meant cannot be known.
+                (Some(_), Some(_)) => {
+                    return Err(InvalidEvent(
+                        "cloudevents event has both 'data' and 'data_base64'; the CloudEvents JSON format allows one of them, not both (which one holds the order cannot be known)"
+                            .into(),
+                    ))
+                }
+                (Some(d), None) => Some(Cow::Borrowed(d)),
                 (None, Some(Value::String(b64))) => Some(Cow::Owned(decode_base64_data(b64)?)),
                 (None, Some(other)) => {
                     return Err(InvalidEvent(format!(
@@ -173,6 +207,7 @@ pub fn parse_envelope(event: &Value) -> Result<Envelope<'_>, InvalidEvent> {
     Ok(Envelope {
         schema,
         event_id,
+        event_type,
         data,
     })
 }
@@ -233,6 +268,53 @@ mod tests {
         let b64 = base64::engine::general_purpose::STANDARD.encode(br#"{"orderId":"o2"}"#);
         let ce = json!({"specversion":"1.0","id":"c2","source":"/t","type":"T","data_base64":b64});
         assert_eq!(*parse_envelope(&ce).unwrap().data, json!({"orderId":"o2"}));
+    }
+
+    #[test]
+    fn data_and_data_base64_together_are_refused() {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(br#"{"orderId":"o2"}"#);
+        for data in [json!({"orderId": "o1"}), Value::Null] {
+            let ce = json!({"specversion":"1.0","id":"c3","source":"/t","type":"T","data":data,"data_base64":b64});
+            let e = parse_envelope(&ce).unwrap_err();
+            assert!(e.0.contains("both 'data' and 'data_base64'"), "{e}");
+        }
+    }
+
+    #[test]
+    fn only_allowed_types_pass_when_a_list_is_set() {
+        let allowed = vec![
+            "Trading.Order.Placed".to_string(),
+            "Order.Placed".to_string(),
+        ];
+        assert!(check_type("Order.Cancelled", None).is_ok());
+        assert!(check_type("Order.Placed", Some(&allowed)).is_ok());
+        for bad in ["Order.Cancelled", "order.placed", "Trading.Order.Placed "] {
+            let e = check_type(bad, Some(&allowed)).unwrap_err();
+            assert!(
+                e.0.starts_with(&format!("event type {bad:?} is not an order event type (ORDER_EVENT_TYPES: Trading.Order.Placed,Order.Placed)")),
+                "{e}"
+            );
+        }
+        let long = "T".repeat(100_000);
+        assert!(check_type(&long, Some(&allowed)).unwrap_err().0.len() < 400);
+    }
+
+    #[test]
+    fn shown_ids_are_bounded() {
+        assert_eq!(shown("e-1"), "e-1");
+        let long = "x".repeat(100_000);
+        assert_eq!(shown(&long), format!("{}…", "x".repeat(MAX_SHOWN_ID)));
+    }
+
+    #[test]
+    fn the_event_type_is_kept() {
+        assert_eq!(
+            parse_envelope(&eg()).unwrap().event_type,
+            "Trading.Order.Placed"
+        );
+        let ce =
+            json!({"specversion":"1.0","id":"c1","source":"/t","type":"Order.Cancelled","data":{}});
+        assert_eq!(parse_envelope(&ce).unwrap().event_type, "Order.Cancelled");
     }
 
     #[test]

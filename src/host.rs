@@ -297,7 +297,15 @@ fn trigger_value(body: &[u8]) -> Result<Value, Refusal> {
         format!("invocation \"Data\" must be an object keyed by binding name, got {kind}")
     })?;
     let Some(trigger) = take_ci(&mut data, BINDING_NAME) else {
-        let found: Vec<&String> = data.keys().collect();
+        // Bounded: the names are the sender's, of any number and length.
+        let mut found: Vec<String> = data
+            .keys()
+            .take(8)
+            .map(|k| crate::event::shown(k))
+            .collect();
+        if data.len() > 8 {
+            found.push(format!("… {} more", data.len() - 8));
+        }
         return Err(bad(format!(
             "invocation \"Data\" has no {BINDING_NAME:?} binding (found: {found:?}); the trigger in OrderTrigger/function.json must be named {BINDING_NAME}"
         )));

@@ -122,7 +122,7 @@ pub struct Order {
     pub limit_price: Option<Decimal>,
     /// Upper-cased ISO code when given.
     pub currency: Option<String>,
-    /// As sent by the publisher (informational).
+    /// The instant as one canonical UTC text ([`canonical_instant`]).
     pub placed_at: Option<String>,
     fingerprint: String,
 }
@@ -179,7 +179,12 @@ impl Order {
         let placed_at = match obj.get("placedAt") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.len() <= 64 && !has_control(s) => {
-                Some(s.trim().to_string())
+                Some(canonical_instant(s.trim()).map_err(|why| {
+                    InvalidOrder(format!(
+                        "placedAt must be an RFC 3339 timestamp with an offset (e.g. 2025-06-14T09:30:02.118Z), got {:?}: {why}",
+                        truncate(s, 64)
+                    ))
+                })?)
             }
             Some(_) => {
                 return Err(InvalidOrder(
@@ -202,34 +207,111 @@ impl Order {
         Ok(order)
     }
 
-    /// Hex SHA-256 of the canonical form: equal for the same order whatever the
-    /// JSON key order, number formatting (`10` vs `"10.0"`) or letter case of
-    /// symbol, side and currency.
+    /// `v2:` and the hex SHA-256 of the canonical form: equal for the same
+    /// order whatever the JSON key order, number formatting (`10` vs
+    /// `"10.0"`), letter case of symbol, side and currency, or the way
+    /// `placedAt` writes its instant (see [`fingerprint_of`]).
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
     }
 
     fn compute_fingerprint(&self) -> String {
-        // Length-prefixed fields: no separator inside a value can make two
-        // different orders share a canonical text.
-        let fields = [
-            self.order_id.as_str(),
-            self.account_id.as_str(),
-            self.side.as_str(),
-            self.symbol.as_str(),
-            &self.quantity.to_string(),
-            &self.limit_price.map(|p| p.to_string()).unwrap_or_default(),
-            self.currency.as_deref().unwrap_or(""),
-            self.placed_at.as_deref().unwrap_or(""),
-        ];
-        let mut hasher = Sha256::new();
-        hasher.update(b"order-guard/v1");
-        for f in fields {
-            hasher.update((f.len() as u64).to_be_bytes());
-            hasher.update(f.as_bytes());
-        }
-        hex(&hasher.finalize())
+        fingerprint_of(&FingerprintParts {
+            order_id: &self.order_id,
+            account_id: &self.account_id,
+            side: self.side.as_str(),
+            symbol: &self.symbol,
+            quantity: self.quantity,
+            limit_price: self.limit_price,
+            currency: self.currency.as_deref(),
+            placed_at: self.placed_at.as_deref(),
+        })
     }
+}
+
+/// The fingerprint version [`fingerprint_of`] writes. Version 1 (no prefix,
+/// 64 hex digits) hashed `placedAt` as sent; version 2 hashes its canonical
+/// UTC text. A stored fingerprint of another version is never compared with
+/// a new one: the stored row is fingerprinted again (`OrderRecord::current_fingerprint`).
+pub const FINGERPRINT_VERSION: u32 = 2;
+
+/// The version of a fingerprint: `vN:` before the hash, none for version 1.
+pub fn fingerprint_version(fp: &str) -> u32 {
+    fp.strip_prefix('v')
+        .and_then(|rest| rest.split_once(':'))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or(1)
+}
+
+/// What a fingerprint covers, normalized (as [`Order`] holds it or a stored
+/// row keeps it).
+#[derive(Debug, Clone, Copy)]
+pub struct FingerprintParts<'a> {
+    pub order_id: &'a str,
+    pub account_id: &'a str,
+    pub side: &'a str,
+    pub symbol: &'a str,
+    pub quantity: Decimal,
+    pub limit_price: Option<Decimal>,
+    pub currency: Option<&'a str>,
+    /// Canonical UTC text ([`canonical_instant`]).
+    pub placed_at: Option<&'a str>,
+}
+
+/// The current-version fingerprint of an order's parts.
+pub fn fingerprint_of(p: &FingerprintParts<'_>) -> String {
+    // Length-prefixed fields: no separator inside a value can make two
+    // different orders share a canonical text. Decimals normalized (a SQL
+    // Server row reads back `25.0000000000`).
+    let fields = [
+        p.order_id,
+        p.account_id,
+        p.side,
+        p.symbol,
+        &p.quantity.normalize().to_string(),
+        &p.limit_price
+            .map(|d| d.normalize().to_string())
+            .unwrap_or_default(),
+        p.currency.unwrap_or(""),
+        p.placed_at.unwrap_or(""),
+    ];
+    let mut hasher = Sha256::new();
+    hasher.update(format!("order-guard/v{FINGERPRINT_VERSION}").as_bytes());
+    for f in fields {
+        hasher.update((f.len() as u64).to_be_bytes());
+        hasher.update(f.as_bytes());
+    }
+    format!("v{FINGERPRINT_VERSION}:{}", hex(&hasher.finalize()))
+}
+
+/// An RFC 3339 timestamp (offset required) as one canonical text of its
+/// instant: UTC, `Z`, seconds always, a fraction only when not zero and
+/// without trailing zeros. `2025-06-14T11:30:02.1180000+02:00` and
+/// `2025-06-14T09:30:02.118Z` are both `2025-06-14T09:30:02.118Z`. Parsing is
+/// the `time` crate's; the text is written here (a fixed, documented form).
+pub fn canonical_instant(text: &str) -> Result<String, String> {
+    use time::format_description::well_known::Rfc3339;
+    let t = time::OffsetDateTime::parse(text, &Rfc3339).map_err(|e| e.to_string())?;
+    let u = t
+        .checked_to_offset(time::UtcOffset::UTC)
+        .filter(|u| (0..=9999).contains(&u.year()))
+        .ok_or("the instant in UTC is outside the years 0000 to 9999")?;
+    let mut out = format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        u.year(),
+        u8::from(u.month()),
+        u.day(),
+        u.hour(),
+        u.minute(),
+        u.second()
+    );
+    if u.nanosecond() != 0 {
+        let fraction = format!("{:09}", u.nanosecond());
+        out.push('.');
+        out.push_str(fraction.trim_end_matches('0'));
+    }
+    out.push('Z');
+    Ok(out)
 }
 
 impl fmt::Display for Order {
@@ -301,13 +383,25 @@ fn has_control(s: &str) -> bool {
     s.chars().any(char::is_control)
 }
 
-/// Parse an exact decimal from a JSON number or string; refuse anything that
-/// is not a plain positive decimal that fits `DECIMAL(28,10)`.
+/// Parse an exact decimal from a JSON number or a numeric string; refuse
+/// anything that is not a positive decimal that fits `DECIMAL(28,10)`.
+///
+/// One grammar for both forms: the JSON number grammar (RFC 8259 §6) and
+/// nothing else. `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`: no
+/// `+` sign, no leading zeros, digits on both sides of a point, no spaces.
+/// The exponent is expanded exactly (the Functions host re-serializes numbers
+/// through .NET doubles, which writes `0.000001` as `1E-06`); its value (not
+/// its digits: `1e0002` is `1e2`) must be at most [`MAX_EXPONENT`].
 fn positive_decimal(field: &str, v: &Value) -> Result<Decimal, InvalidOrder> {
-    let text = match v {
-        // With `arbitrary_precision` this is the number's original text.
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => s.trim().to_string(),
+    let (text, shown) = match v {
+        // With `arbitrary_precision` this is the number's text as serde_json
+        // read it (it may rewrite an exponent's sign, never the value).
+        Value::Number(n) => {
+            let text = n.to_string();
+            let shown = truncate(&text, 48);
+            (text, shown)
+        }
+        Value::String(s) => (s.clone(), format!("{:?}", truncate(s, 48))),
         other => {
             return Err(InvalidOrder(format!(
                 "{field} must be a number or a numeric string, got {}",
@@ -315,33 +409,16 @@ fn positive_decimal(field: &str, v: &Value) -> Result<Decimal, InvalidOrder> {
             )))
         }
     };
-    let shown = truncate(&text, 48);
-    // The Functions host re-serializes numbers through .NET doubles, which
-    // writes small and large ones in exponent form (0.000001 → 1E-06): expand
-    // that form exactly into the plain decimal it denotes.
-    let text = match text.split_once(['e', 'E']) {
-        Some((mantissa, exponent)) => expand_exponent(mantissa, exponent).ok_or_else(|| {
-            InvalidOrder(format!(
-                "{field} {shown:?} is not a decimal number (exponent form needs digits and an exponent of at most {MAX_EXPONENT})"
-            ))
-        })?,
-        None => text,
-    };
-    let plain = {
-        let digits = text.strip_prefix(['-', '+']).unwrap_or(&text);
-        let mut parts = digits.splitn(2, '.');
-        let int = parts.next().unwrap_or("");
-        let frac = parts.next();
-        !int.is_empty()
-            && int.bytes().all(|b| b.is_ascii_digit())
-            && frac.is_none_or(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
-    };
-    if !plain {
-        return Err(InvalidOrder(format!(
-            "{field} {shown:?}: is not a decimal number"
-        )));
-    }
-    let unsigned = text.trim_start_matches(['-', '+']);
+    let number = JsonNumber::parse(&text).ok_or_else(|| {
+        InvalidOrder(format!(
+            "{field} {shown}: is not a decimal number (JSON number syntax, e.g. 25, 0.5, 1E-06: no '+', no leading zeros, digits on both sides of a point, no spaces)"
+        ))
+    })?;
+    let unsigned = number.plain().ok_or_else(|| {
+        InvalidOrder(format!(
+            "{field} {shown}: the exponent is out of range (at most {MAX_EXPONENT} either way)"
+        ))
+    })?;
     let int_digits = unsigned
         .split('.')
         .next()
@@ -350,7 +427,7 @@ fn positive_decimal(field: &str, v: &Value) -> Result<Decimal, InvalidOrder> {
         .len();
     if int_digits > MAX_INTEGER_DIGITS {
         return Err(InvalidOrder(format!(
-            "{field} {shown:?} has {int_digits} digits before the decimal point; at most {MAX_INTEGER_DIGITS} are allowed"
+            "{field} {shown} has {int_digits} digits before the decimal point; at most {MAX_INTEGER_DIGITS} are allowed"
         )));
     }
     let frac_digits = unsigned
@@ -359,25 +436,30 @@ fn positive_decimal(field: &str, v: &Value) -> Result<Decimal, InvalidOrder> {
         .unwrap_or(0);
     if frac_digits > MAX_SCALE as usize {
         return Err(InvalidOrder(format!(
-            "{field} {shown:?} has {frac_digits} decimal places; at most {MAX_SCALE} are allowed"
+            "{field} {shown} has {frac_digits} decimal places; at most {MAX_SCALE} are allowed"
         )));
     }
-    // Trailing zeros beyond the scale are harmless ("1.000000000000000"): drop
-    // them before parsing so the exact parse cannot overflow its scale.
+    // Zeros beyond the scale or before the integer are harmless: drop them
+    // before parsing so the exact parse cannot overflow.
     let trimmed = match unsigned.split_once('.') {
         Some((i, f)) => {
+            let i = i.trim_start_matches('0');
             let f = f.trim_end_matches('0');
-            if f.is_empty() {
-                i.to_string()
-            } else {
-                format!("{i}.{f}")
+            match (i.is_empty(), f.is_empty()) {
+                (_, true) if i.is_empty() => "0".to_string(),
+                (_, true) => i.to_string(),
+                (true, false) => format!("0.{f}"),
+                (false, false) => format!("{i}.{f}"),
             }
         }
-        None => unsigned.to_string(),
+        None => match unsigned.trim_start_matches('0') {
+            "" => "0".to_string(),
+            i => i.to_string(),
+        },
     };
     let mut d = Decimal::from_str_exact(&trimmed)
-        .map_err(|e| InvalidOrder(format!("{field} {shown:?}: {e}")))?;
-    if text.starts_with('-') {
+        .map_err(|e| InvalidOrder(format!("{field} {shown}: {e}")))?;
+    if number.negative {
         d.set_sign_negative(true);
     }
     if d <= Decimal::ZERO {
@@ -388,43 +470,115 @@ fn positive_decimal(field: &str, v: &Value) -> Result<Decimal, InvalidOrder> {
     Ok(d.normalize())
 }
 
-/// Largest exponent magnitude `expand_exponent` accepts: anything beyond is
-/// far outside `DECIMAL(28,10)` anyway, and the bound keeps the expansion small.
-const MAX_EXPONENT: i32 = 40;
+/// Largest exponent magnitude accepted: anything beyond is far outside
+/// `DECIMAL(28,10)` anyway, and the bound keeps the expansion small.
+const MAX_EXPONENT: u32 = 40;
 
-/// `1.5E-06` → `0.0000015`, `2e3` → `2000`: the plain decimal text an
-/// exponent form denotes, digit for digit (no floating point). `None` when
-/// either part is malformed or the exponent is out of range.
-fn expand_exponent(mantissa: &str, exponent: &str) -> Option<String> {
-    let (sign, unsigned) = match mantissa.strip_prefix('-') {
-        Some(m) => ("-", m),
-        None => ("", mantissa.strip_prefix('+').unwrap_or(mantissa)),
-    };
-    let (int, frac) = unsigned.split_once('.').unwrap_or((unsigned, ""));
-    let all_digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
-    if int.is_empty() || !all_digits(int) || !all_digits(frac) {
-        return None;
+/// The parts of a text that follows the JSON number grammar (RFC 8259 §6).
+#[derive(Debug, PartialEq, Eq)]
+struct JsonNumber<'a> {
+    negative: bool,
+    /// `0` or digits without a leading zero.
+    int: &'a str,
+    /// The digits after the point (empty: no point).
+    frac: &'a str,
+    /// Exponent sign (true: negative) and digits, if any.
+    exp: Option<(bool, &'a str)>,
+}
+
+impl<'a> JsonNumber<'a> {
+    /// `None` unless the whole of `t` is a JSON number.
+    fn parse(t: &'a str) -> Option<JsonNumber<'a>> {
+        let b = t.as_bytes();
+        let digits_from = |mut i: usize| {
+            while b.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+            i
+        };
+        let negative = b.first() == Some(&b'-');
+        let start = usize::from(negative);
+        let mut i = digits_from(start);
+        let int = &t[start..i];
+        if int.is_empty() || (int.len() > 1 && int.starts_with('0')) {
+            return None;
+        }
+        let mut frac = "";
+        if b.get(i) == Some(&b'.') {
+            let end = digits_from(i + 1);
+            frac = &t[i + 1..end];
+            if frac.is_empty() {
+                return None;
+            }
+            i = end;
+        }
+        let mut exp = None;
+        if matches!(b.get(i), Some(b'e' | b'E')) {
+            i += 1;
+            let neg = b.get(i) == Some(&b'-');
+            if matches!(b.get(i), Some(b'-' | b'+')) {
+                i += 1;
+            }
+            let end = digits_from(i);
+            if end == i {
+                return None;
+            }
+            exp = Some((neg, &t[i..end]));
+            i = end;
+        }
+        (i == b.len()).then_some(JsonNumber {
+            negative,
+            int,
+            frac,
+            exp,
+        })
     }
-    let exp_digits = exponent.strip_prefix(['+', '-']).unwrap_or(exponent);
-    if exp_digits.is_empty() || exp_digits.len() > 3 || !all_digits(exp_digits) {
-        return None;
+
+    /// The unsigned plain decimal text this number denotes (`1.5E-06` →
+    /// `0.0000015`), digit for digit; `None` when the exponent's value is
+    /// beyond [`MAX_EXPONENT`].
+    fn plain(&self) -> Option<String> {
+        let exp: i64 = match self.exp {
+            None => 0,
+            Some((neg, digits)) => {
+                let digits = digits.trim_start_matches('0');
+                if digits.len() > 3 {
+                    return None;
+                }
+                let value: u32 = if digits.is_empty() {
+                    0
+                } else {
+                    digits.parse().ok()?
+                };
+                if value > MAX_EXPONENT {
+                    return None;
+                }
+                if neg {
+                    -i64::from(value)
+                } else {
+                    i64::from(value)
+                }
+            }
+        };
+        if exp == 0 {
+            return Some(if self.frac.is_empty() {
+                self.int.to_string()
+            } else {
+                format!("{}.{}", self.int, self.frac)
+            });
+        }
+        let digits = format!("{}{}", self.int, self.frac);
+        // Position of the decimal point within `digits` after the shift.
+        let point = self.int.len() as i64 + exp;
+        Some(if point <= 0 {
+            format!("0.{}{digits}", "0".repeat((-point) as usize))
+        } else if point as usize >= digits.len() {
+            format!("{digits}{}", "0".repeat(point as usize - digits.len()))
+        } else {
+            let (i, f) = digits.split_at(point as usize);
+            format!("{i}.{f}")
+        })
     }
-    let exp: i32 = exponent.parse().ok()?;
-    if exp.abs() > MAX_EXPONENT {
-        return None;
-    }
-    let digits = format!("{int}{frac}");
-    // Position of the decimal point within `digits` after the shift.
-    let point = int.len() as i32 + exp;
-    let plain = if point <= 0 {
-        format!("0.{}{digits}", "0".repeat((-point) as usize))
-    } else if point as usize >= digits.len() {
-        format!("{digits}{}", "0".repeat(point as usize - digits.len()))
-    } else {
-        let (i, f) = digits.split_at(point as usize);
-        format!("{i}.{f}")
-    };
-    Some(format!("{sign}{plain}"))
 }
 
 /// A short name for a JSON value's type, for error messages.
@@ -541,8 +695,8 @@ mod tests {
             (json!("NaN"), "not a decimal number"),
             (parsed("1e40"), "at most 18"),
             (parsed("1E-11"), "decimal places"),
-            (parsed("1e999"), "exponent form"),
-            (json!("1e"), "exponent form"),
+            (parsed("1e999"), "exponent is out of range"),
+            (json!("1e"), "not a decimal number"),
             (
                 json!("1234567890123456789012345678901234567890"),
                 "at most 18",
@@ -626,27 +780,83 @@ mod tests {
     }
 
     #[test]
-    fn placed_at_is_at_most_64_characters_without_control_characters() {
-        let at_limit = format!("2025-06-14T09:30:02.118Z{}", "0".repeat(64 - 24));
-        assert_eq!(at_limit.len(), 64);
-        let o = order(with("placedAt", json!(at_limit))).unwrap();
-        assert_eq!(o.placed_at.as_deref(), Some(at_limit.as_str()));
-        let o = order(with("placedAt", json!(" 2025-06-14T09:30:02Z "))).unwrap();
-        assert_eq!(o.placed_at.as_deref(), Some("2025-06-14T09:30:02Z"));
+    fn placed_at_is_one_canonical_utc_instant() {
+        // The same instant as the host and publishers write it.
+        let same = [
+            "2025-06-14T09:30:02.118Z",
+            "2025-06-14T09:30:02.1180000Z",
+            "2025-06-14T11:30:02.118+02:00",
+            "2025-06-14T09:30:02.118+00:00",
+            "2025-06-14T04:00:02.118000000-05:30",
+            "2025-06-14t09:30:02.118z",
+            " 2025-06-14T09:30:02.118Z ",
+        ];
+        let first = order(with("placedAt", json!(same[0]))).unwrap();
+        for text in same {
+            let o = order(with("placedAt", json!(text))).unwrap();
+            assert_eq!(
+                o.placed_at.as_deref(),
+                Some("2025-06-14T09:30:02.118Z"),
+                "{text}"
+            );
+            assert_eq!(o.fingerprint(), first.fingerprint(), "{text}");
+        }
+        for (text, canonical) in [
+            ("2025-06-14T09:30:02Z", "2025-06-14T09:30:02Z"),
+            ("2025-06-14T09:30:02.000Z", "2025-06-14T09:30:02Z"),
+            // RFC 3339 §5.6 allows a space for the `T`.
+            ("2025-06-14 09:30:02Z", "2025-06-14T09:30:02Z"),
+            ("2025-06-14T09:30:02.1Z", "2025-06-14T09:30:02.1Z"),
+            (
+                "2025-06-14T09:30:02.123456789Z",
+                "2025-06-14T09:30:02.123456789Z",
+            ),
+            ("2025-01-01T00:30:00+01:00", "2024-12-31T23:30:00Z"),
+        ] {
+            assert_eq!(canonical_instant(text).as_deref(), Ok(canonical), "{text}");
+        }
+        // A different instant is a different order.
+        let later = order(with("placedAt", json!("2025-06-14T09:30:02.119Z"))).unwrap();
+        assert_ne!(later.fingerprint(), first.fingerprint());
         assert_eq!(
             order(with("placedAt", Value::Null)).unwrap().placed_at,
             None
         );
+        // Not an RFC 3339 instant with an offset.
+        for bad in [
+            "2025-06-14T09:30:02",
+            "2025-06-14",
+            "yesterday",
+            "2025-02-30T09:30:02Z",
+            "2025-06-14T25:30:02Z",
+            "0000-01-01T00:30:00+01:00",
+        ] {
+            let e = refused("placedAt", json!(bad));
+            assert!(
+                e.starts_with(&format!("placedAt must be an RFC 3339 timestamp with an offset (e.g. 2025-06-14T09:30:02.118Z), got {bad:?}: ")),
+                "{bad}: {e}"
+            );
+        }
         let want = "placedAt must be a timestamp string of at most 64 characters";
         for bad in [
-            json!(format!("{at_limit}Z")),
+            json!(format!("2025-06-14T09:30:02.118Z{}", "0".repeat(41))),
             json!("2025-06-14\n09:30:02Z"),
             json!("2025-06-14T09:30:02Z\u{0}"),
-            json!("2025-06-14T09:30\u{7f}:02Z"),
             json!(1718357402),
         ] {
             assert_eq!(refused("placedAt", bad), want);
         }
+    }
+
+    #[test]
+    fn fingerprints_carry_their_version() {
+        let o = order(base()).unwrap();
+        assert!(o.fingerprint().starts_with("v2:"), "{}", o.fingerprint());
+        assert_eq!(o.fingerprint().len(), 3 + 64);
+        assert_eq!(fingerprint_version(o.fingerprint()), FINGERPRINT_VERSION);
+        assert_eq!(fingerprint_version(&"ab".repeat(32)), 1);
+        assert_eq!(fingerprint_version("v17:ab"), 17);
+        assert_eq!(fingerprint_version("vx:ab"), 1);
     }
 
     #[test]
@@ -708,46 +918,65 @@ mod tests {
         }
     }
 
-    /// The number grammar at its edges, for JSON numbers and for numeric
-    /// strings alike: both go through the same text rule.
+    /// The number grammar at its edges (RFC 8259's, nothing else), for JSON
+    /// numbers and for numeric strings alike: both go through the same rule.
     #[test]
     fn number_grammar_edges() {
         // (text, Ok(value) or Err(part of the message))
-        let cases: [(&str, Result<&str, &str>); 12] = [
-            // A fraction needs digits on both sides of the point.
-            ("1.", Err("is not a decimal number")),
-            (".5", Err("is not a decimal number")),
-            ("1.5x", Err("is not a decimal number")),
-            ("+2.50", Ok("2.5")),
-            // The mantissa of an exponent form needs an integer part...
-            (".5e1", Err("exponent form")),
-            ("1.5xe1", Err("exponent form")),
-            ("x1e2", Err("exponent form")),
-            // ...and the exponent at most three digits, zeros included.
+        let syntax = "is not a decimal number";
+        let range = "the exponent is out of range";
+        let cases: &[(&str, Result<&str, &str>)] = &[
+            ("25", Ok("25")),
+            ("0.5", Ok("0.5")),
+            ("2.50", Ok("2.5")),
+            ("1E-06", Ok("0.000001")),
+            ("1e2", Ok("100")),
             ("1E+002", Ok("100")),
+            ("1e0002", Ok("100")),
             ("25e-002", Ok("0.25")),
-            ("1e0002", Err("exponent form")),
-            ("1e+", Err("exponent form")),
-            // Kept as it is today (reported in issue 15): a mantissa with an
-            // empty fraction is accepted in exponent form only. No JSON
-            // number can be written this way; only a string can.
-            ("1.e2", Ok("100")),
+            ("1.5e1", Ok("15")),
+            ("0e5", Err("greater than 0")),
+            ("-0", Err("greater than 0")),
+            ("-5", Err("greater than 0")),
+            ("1e40", Err("at most 18")),
+            ("1e41", Err(range)),
+            ("1e-41", Err(range)),
+            ("1e0000000041", Err(range)),
+            ("1e999999", Err(range)),
+            // Not the JSON grammar, whichever way it is sent.
+            ("+5", Err(syntax)),
+            ("5.", Err(syntax)),
+            (".5", Err(syntax)),
+            ("1.", Err(syntax)),
+            ("1.e5", Err(syntax)),
+            ("1.e2", Err(syntax)),
+            (".5e1", Err(syntax)),
+            ("007", Err(syntax)),
+            ("00.5", Err(syntax)),
+            ("1e", Err(syntax)),
+            ("1e+", Err(syntax)),
+            ("1.5x", Err(syntax)),
+            ("x1e2", Err(syntax)),
+            ("1_000", Err(syntax)),
+            (" 5", Err(syntax)),
+            ("5 ", Err(syntax)),
+            ("", Err(syntax)),
+            ("-", Err(syntax)),
+            ("0x10", Err(syntax)),
+            ("Infinity", Err(syntax)),
+            ("NaN", Err(syntax)),
+            ("１２", Err(syntax)),
         ];
-        for (text, want) in cases {
-            let mut forms = vec![("string", json!(text))];
-            match serde_json::from_str::<Value>(text) {
-                Ok(n) => {
-                    assert!(n.is_number(), "{text}");
-                    forms.push(("number", n));
-                }
-                // Not a JSON number: only a string can carry it.
-                Err(_) => assert!(
-                    [".5", ".5e1", "1.", "1.5x", "1.5xe1", "x1e2", "1e+", "1.e2", "+2.50"]
-                        .contains(&text),
-                    "{text} should be a JSON number"
-                ),
+        for &(text, want) in cases {
+            let mut forms = vec![("string", json!(text), format!("{text:?}"))];
+            // Whatever serde_json reads as a number goes through the same rule.
+            // (Around a JSON number white space is JSON's, not the number's.)
+            let parsed = (text.trim() == text).then(|| serde_json::from_str::<Value>(text));
+            if let Some(Ok(n @ Value::Number(_))) = parsed {
+                let shown = n.to_string();
+                forms.push(("number", n, shown));
             }
-            for (form, v) in forms {
+            for (form, v, shown) in forms {
                 for field in ["quantity", "limitPrice"] {
                     match (order(with(field, v.clone())), want) {
                         (Ok(o), Ok(value)) => {
@@ -758,20 +987,27 @@ mod tests {
                             assert_eq!(got.to_string(), value, "{field} as {form} {text}");
                         }
                         (Err(e), Err(part)) => {
-                            // The message quotes the value: a string as sent,
-                            // a number as serde_json keeps its text (`1e0002`
-                            // becomes `1e+0002`).
-                            let shown = v.as_str().map_or_else(|| v.to_string(), str::to_string);
-                            assert!(
-                                e.0.starts_with(&format!("{field} \"{shown}\"")),
-                                "{field} as {form} {text}: {e}"
-                            );
                             assert!(e.0.contains(part), "{field} as {form} {text}: {e}");
+                            // A string is quoted as sent; a number shown as read.
+                            assert!(e.0.contains(&shown), "{field} as {form} {text}: {e}");
                         }
                         (got, _) => panic!("{field} as {form} {text}: want {want:?}, got {got:?}"),
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn json_numbers_and_strings_are_one_grammar() {
+        // Every JSON number serde_json reads is accepted by the grammar,
+        // and a string of the same text means the same value.
+        for text in ["1", "0.1", "1e5", "1E-06", "12.5e+1", "1e0002", "431.15"] {
+            let n: Value = serde_json::from_str(text).unwrap();
+            let a = order(with("quantity", n)).unwrap();
+            let b = order(with("quantity", json!(text))).unwrap();
+            assert_eq!(a.quantity, b.quantity, "{text}");
+            assert_eq!(a.fingerprint(), b.fingerprint(), "{text}");
         }
     }
 

@@ -27,7 +27,7 @@ use crate::decision::{
     Step, Why,
 };
 pub use crate::decision::{completion_marker, GuardPolicy, OutcomeKind};
-use crate::event::{normalize, parse_envelope, Delivery};
+use crate::event::{check_type, normalize, parse_envelope, shown, Delivery};
 use crate::faults;
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
 use crate::order::{probable_order_id, Order};
@@ -69,6 +69,9 @@ pub struct ProcessorSettings {
     pub on_guard_unavailable: GuardPolicy,
     /// Internal deadline per event, well inside Event Grid's 30 s.
     pub deadline: Duration,
+    /// The event types that carry orders (`None`: every type). An event of
+    /// another type is rejected with its reason, never executed.
+    pub event_types: Option<Vec<String>>,
 }
 
 impl Default for ProcessorSettings {
@@ -76,6 +79,7 @@ impl Default for ProcessorSettings {
         ProcessorSettings {
             on_guard_unavailable: GuardPolicy::Proceed,
             deadline: Duration::from_secs(20),
+            event_types: None,
         }
     }
 }
@@ -222,6 +226,12 @@ impl Processor {
                 return self.poison(event, id, eid, e.0, deadline).await;
             }
         };
+        if let Err(e) = check_type(&envelope.event_type, self.settings.event_types.as_deref()) {
+            let id = probable_order_id(&envelope.data);
+            return self
+                .poison(event, id, Some(envelope.event_id.clone()), e.0, deadline)
+                .await;
+        }
         let order = match Order::from_data(&envelope.data) {
             Ok(o) => o,
             Err(e) => {
@@ -259,7 +269,7 @@ impl Processor {
             level,
             "order {} event {}: {} (guard={}, {:.1} ms){}{}",
             work.order.order_id,
-            work.event_id,
+            outcome.event_id.as_deref().unwrap_or("?"),
             outcome.outcome.as_str(),
             outcome.guard,
             started.elapsed().as_secs_f64() * 1e3,
@@ -364,8 +374,11 @@ impl Processor {
             Ok(Ok(row)) => row,
             Ok(Err(_)) | Err(_) => None,
         };
+        // The row's fingerprint in the current version: a row stored under
+        // an older normalization is fingerprinted again from its columns.
+        let current = row.as_ref().map(|r| (r.current_fingerprint(), r.status));
         let verdict = held_elsewhere_verdict(
-            row.as_ref().map(|r| (r.fingerprint.as_str(), r.status)),
+            current.as_ref().map(|(fp, status)| (fp.as_ref(), *status)),
             w.order.fingerprint(),
         );
         if let HeldElsewhere::Conflict(fp) = &verdict {
@@ -551,6 +564,8 @@ impl Processor {
                 format!("{reason}; and the rejection could not be stored ({e})"),
             ),
         };
+        // Stored whole above; answered and logged bounded.
+        let event_id = event_id.as_deref().map(shown);
         self.counters.count(kind);
         log::warn!(
             "event {} (order {}): {}: {reason}",
@@ -618,7 +633,7 @@ impl Processor {
     ) -> Outcome {
         Outcome {
             order_id: Some(w.order.order_id.clone()),
-            event_id: Some(w.event_id.to_string()),
+            event_id: Some(shown(w.event_id)),
             outcome: kind,
             reason,
             guard,
@@ -653,6 +668,9 @@ fn conflict_reason(order: &Order, existing: &str) -> String {
     )
 }
 
+/// A fingerprint's version prefix (`v2:`, none for version 1) and the first
+/// 12 digits of its hash.
 fn short(fp: &str) -> &str {
-    &fp[..fp.len().min(12)]
+    let version = fp.find(':').filter(|&i| i <= 4).map_or(0, |i| i + 1);
+    fp.get(..fp.len().min(version + 12)).unwrap_or(fp)
 }

@@ -13,6 +13,7 @@ mod common;
 
 use std::time::Duration;
 
+use base64::Engine;
 use serde_json::{json, Value};
 
 use common::{RedisServer, Verdict};
@@ -238,6 +239,22 @@ fn poison_cases() -> Vec<Poison> {
         name: "CloudEvent with specversion 0.3",
         trigger: ce,
         reason: "specversion must be \"1.0\"",
+        row: Row::EventId(eid),
+    });
+    // CloudEvents JSON format: `data` and `data_base64` are mutually
+    // exclusive; with both, which one holds the order cannot be known.
+    let eid = next_id();
+    let ce = json!({
+        "specversion": "1.0", "id": eid, "source": "/topics/orders", "type": "Trading.Order.Placed",
+        "data": data_with(&format!("ord-{eid}"), "side", Some(json!("buy"))),
+        "data_base64": base64::engine::general_purpose::STANDARD.encode(
+            data_with(&format!("ord-{eid}"), "side", Some(json!("sell"))).to_string()
+        )
+    });
+    cases.push(Poison {
+        name: "CloudEvent with both data and data_base64",
+        trigger: ce,
+        reason: "has both 'data' and 'data_base64'",
         row: Row::EventId(eid),
     });
     let eid = next_id();
@@ -631,4 +648,75 @@ fn count_rejected(db: &std::path::Path) -> i64 {
         .unwrap()
         .query_row("SELECT COUNT(*) FROM RejectedEvents", [], |r| r.get(0))
         .unwrap()
+}
+
+/// Issue 10 point 8: an event id of 100 000 characters is kept whole where
+/// it is stored, and shown bounded in the answer (and so in the host's log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_event_ids_are_stored_whole_and_answered_bounded() {
+    let (store, dir) = common::sqlite_store().await;
+    let db = dir.path().join("orders.db");
+    let handler = common::Handler::start(
+        common::processor(common::memory_guard(), store),
+        1024 * 1024,
+    )
+    .await;
+    let client = hyper::Client::new();
+    let long_id = format!("{}{}", "e".repeat(100_000), uuid::Uuid::new_v4().simple());
+    let shown = format!("{}…", &long_id[..order_guard::event::MAX_SHOWN_ID]);
+    let valid_id = common::unique_id("long-eid");
+    let poison_data = data_with(&common::unique_id("long-eid"), "side", Some(json!("hold")));
+    for (data, outcome) in [
+        (data_with(&valid_id, "side", Some(json!("buy"))), "executed"),
+        (poison_data, "rejected"),
+    ] {
+        let answer = common::try_send(
+            &client,
+            &handler.url("/OrderTrigger"),
+            body_of(event(&long_id, data)),
+            false,
+            FUNCTION_TIMEOUT,
+        )
+        .await
+        .expect("an answer");
+        assert!(
+            answer.bytes.len() < 2_000,
+            "{outcome}: a {}-byte answer echoes the id",
+            answer.bytes.len()
+        );
+        let Verdict::Succeeded(body) = answer.verdict() else {
+            panic!("{outcome}: not a success: {}", answer.status);
+        };
+        assert_eq!(body["ReturnValue"]["outcome"], outcome, "{body}");
+        assert_eq!(body["ReturnValue"]["eventId"], json!(shown), "{body}");
+    }
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let kept: String = conn
+        .query_row(
+            "SELECT EventId FROM Orders WHERE OrderId = ?1",
+            [&valid_id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(kept, long_id, "the order row keeps the whole event id");
+    assert_eq!(
+        stored(&db, &Row::EventId(long_id.clone())).len(),
+        1,
+        "the rejection keeps the whole event id"
+    );
+    // A binding name of 100 000 characters is not echoed whole either.
+    let name = "b".repeat(100_000);
+    let body = serde_json::to_vec(&json!({"Data": {name: 1}, "Metadata": {}})).unwrap();
+    let answer = common::try_send(
+        &client,
+        &handler.url("/OrderTrigger"),
+        body,
+        false,
+        FUNCTION_TIMEOUT,
+    )
+    .await
+    .expect("an answer");
+    assert_eq!(answer.status, 400);
+    assert!(answer.bytes.len() < 2_000, "{} bytes", answer.bytes.len());
+    handler.shutdown().await;
 }

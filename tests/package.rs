@@ -33,7 +33,10 @@ fn build_package() -> PathBuf {
         "scripts/package.sh failed (its error is above): the package could not be built"
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let zip = stdout.lines().last().expect("package.sh prints the zip's path");
+    let zip = stdout
+        .lines()
+        .last()
+        .expect("package.sh prints the zip's path");
     root.join(zip.trim())
 }
 
@@ -70,7 +73,11 @@ fn needs_dynamic_loader(binary: &Path) -> bool {
         .args(["-l", &binary.display().to_string()])
         .output()
         .expect("readelf (binutils) is needed to inspect the binary");
-    assert!(out.status.success(), "readelf failed on {}", binary.display());
+    assert!(
+        out.status.success(),
+        "readelf failed on {}",
+        binary.display()
+    );
     String::from_utf8_lossy(&out.stdout).contains("program interpreter")
 }
 

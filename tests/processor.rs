@@ -448,11 +448,12 @@ async fn a_conflict_names_both_fingerprints_shortened() {
             .fingerprint()
             .to_string(),
     );
-    assert_eq!((fp1.len(), fp2.len()), (64, 64));
+    // `v2:` and 64 hex digits; shown as the version and 12 digits.
+    assert_eq!((fp1.len(), fp2.len()), (67, 67));
     let want = format!(
         "order id {id} is already used by a different order (fingerprint {} ≠ {})",
-        &fp1[..12],
-        &fp2[..12]
+        &fp1[..15],
+        &fp2[..15]
     );
     // Decided by the guard's completed marker, then (guard lost: a new
     // process with an empty memory guard) by the store's unique index.
@@ -553,4 +554,190 @@ async fn an_executed_order_is_a_duplicate_without_another_execution() {
     assert_eq!(o.outcome, OutcomeKind::Retry, "{o:?}");
     assert!(o.reason.unwrap().contains("execute is failing"));
     assert_eq!(guard.inspect(&fresh).await.unwrap().value, None, "released");
+}
+
+/// Issue 10 point 10: with `ORDER_EVENT_TYPES` set, an event of another type
+/// carrying an order is rejected with its reason and stored, not placed.
+#[tokio::test]
+async fn an_event_of_another_type_is_rejected_when_types_are_listed() {
+    let (store, _dir) = common::sqlite_store().await;
+    let settings = ProcessorSettings {
+        event_types: Some(vec!["Trading.Order.Placed".into()]),
+        ..ProcessorSettings::default()
+    };
+    let p = Processor::new(common::memory_guard(), store.clone(), settings);
+    let id = unique_id("typed");
+    let placed = eg_event(order_data(&id, "buy", "MSFT", "3", "acct-t"));
+    let mut cancelled = placed.clone();
+    cancelled["eventType"] = json!("Order.Cancelled");
+    cancelled["id"] = json!(unique_id("evt"));
+    let o = p.process_event(&cancelled).await;
+    assert_eq!(o.outcome, OutcomeKind::Rejected, "{o:?}");
+    let want = "event type \"Order.Cancelled\" is not an order event type (ORDER_EVENT_TYPES: Trading.Order.Placed)";
+    assert!(o.reason.as_deref().unwrap().starts_with(want), "{o:?}");
+    assert_eq!(o.order_id.as_deref(), Some(id.as_str()));
+    assert_eq!(store.order(&id).await.unwrap(), None, "not placed");
+    let stored = store.rejections(Some(&id)).await.unwrap();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0].kind, "poison");
+    assert!(stored[0].reason.starts_with(want), "{stored:?}");
+    // The same for a CloudEvent's `type`.
+    let mut ce = common::cloud_event(order_data(&id, "buy", "MSFT", "3", "acct-t"));
+    ce["type"] = json!("Order.Cancelled");
+    assert_eq!(p.process_event(&ce).await.outcome, OutcomeKind::Rejected);
+    // The listed type is placed.
+    assert_eq!(
+        p.process_event(&placed).await.outcome,
+        OutcomeKind::Executed
+    );
+    // Without a list, every type is an order (as before).
+    let (store, _dir2) = common::sqlite_store().await;
+    let open = common::processor(common::memory_guard(), store);
+    cancelled["data"]["orderId"] = json!(unique_id("any"));
+    assert_eq!(
+        open.process_event(&cancelled).await.outcome,
+        OutcomeKind::Executed
+    );
+}
+
+/// Issue 10 point 9: `status " id "` finds the order the processor stored
+/// as `id` (ids are kept trimmed).
+#[tokio::test]
+async fn status_finds_an_order_by_its_id_with_surrounding_spaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("orders.db");
+    let config = order_guard::config::Config::from_lookup(|k| {
+        (k == "SQL_CONNECTION_STRING").then(|| format!("sqlite:{}", db.display()))
+    })
+    .unwrap();
+    let p = order_guard::app::build_processor(&config).await.unwrap();
+    let id = unique_id("status");
+    let o = p
+        .process_event(&eg_event(order_data(
+            &format!("  {id} "),
+            "buy",
+            "MSFT",
+            "2",
+            "acct-s",
+        )))
+        .await;
+    assert_eq!(o.outcome, OutcomeKind::Executed, "{o:?}");
+    drop(p);
+    for asked in [id.clone(), format!(" {id} "), format!("\t{id}\n")] {
+        let text = order_guard::app::status(&config, &asked).await.unwrap();
+        assert!(
+            text.contains(&format!("order   {id} Executed buy 2 MSFT for acct-s")),
+            "status {asked:?}:\n{text}"
+        );
+    }
+}
+
+/// Issue 10 point 1: the same instant written three ways (the host's
+/// Newtonsoft round trip writes seven fraction digits or an offset) is one
+/// order: executed once, then duplicates, never conflicts.
+#[tokio::test]
+async fn one_instant_written_three_ways_is_one_order() {
+    let (p, store, _redis, _dir) = with_redis().await;
+    let id = unique_id("instant");
+    let mut outcomes = Vec::new();
+    for placed in [
+        "2025-06-14T09:30:02.1180000Z",
+        "2025-06-14T09:30:02.118Z",
+        "2025-06-14T11:30:02.118+02:00",
+    ] {
+        let mut data = order_data(&id, "buy", "MSFT", "5", "acct-i");
+        data["placedAt"] = json!(placed);
+        outcomes.push(p.process_event(&eg_event(data)).await.outcome);
+    }
+    assert_eq!(
+        outcomes,
+        [
+            OutcomeKind::Executed,
+            OutcomeKind::Duplicate,
+            OutcomeKind::Duplicate
+        ]
+    );
+    assert_eq!(
+        store.position("acct-i", "MSFT").await.unwrap(),
+        Some(dec("5"))
+    );
+    assert_eq!(store.rejections(Some(&id)).await.unwrap(), vec![]);
+}
+
+/// The fingerprint of format version 1: hex SHA-256 of the fields as the
+/// order held them then (`placedAt` as sent), without a version prefix.
+fn v1_fingerprint(fields: [&str; 8]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"order-guard/v1");
+    for f in fields {
+        h.update((f.len() as u64).to_be_bytes());
+        h.update(f.as_bytes());
+    }
+    order_guard::order::hex(&h.finalize())
+}
+
+/// Issue 10 point 2: rows (and Redis markers) written before the placedAt
+/// normalization hold version-1 fingerprints of the text as sent. Their
+/// redeliveries stay duplicates (decided from the row), a different order
+/// under their id stays a conflict, and nothing executes twice.
+#[tokio::test]
+async fn rows_stored_under_fingerprint_v1_are_judged_by_their_columns() {
+    let (p, store, redis, dir) = with_redis().await;
+    let identity = store.identity().await.unwrap();
+    let conn = rusqlite::Connection::open(dir.path().join("orders.db")).unwrap();
+    let mut olds = Vec::new();
+    for (status, with_marker) in [("Executed", true), ("Executed", false), ("Received", false)] {
+        let id = unique_id("v1");
+        let placed = "2025-06-14T11:30:02.1180000+02:00";
+        let fp = v1_fingerprint([&id, "acct-v1", "buy", "MSFT", "5", "431.15", "USD", placed]);
+        conn.execute(
+            "INSERT INTO Orders (OrderId, Fingerprint, EventId, AccountId, Side, Symbol, Quantity,
+                                 LimitPrice, Currency, PlacedAt, Status, ReceivedAt)
+             VALUES (?1, ?2, 'e-old', 'acct-v1', 'buy', 'MSFT', '5', '431.15', 'USD', ?3, ?4,
+                     '2025-06-14T09:30:03Z')",
+            rusqlite::params![id, fp, placed, status],
+        )
+        .unwrap();
+        if with_marker {
+            // As `complete` wrote it before: COMPLETADA and a v1 marker.
+            redis.cmd(&["SET", &redis_settings().key(&id), "COMPLETADA"]);
+            redis.cmd(&[
+                "SET",
+                &redis_settings().fingerprint_key(&id),
+                &format!("{identity}/{fp}"),
+            ]);
+        }
+        olds.push((id, status, placed));
+    }
+    for (id, status, placed) in &olds {
+        // The very same text, and the same instant written otherwise.
+        for sent in [*placed, "2025-06-14T09:30:02.118Z"] {
+            let mut data = order_data(id, "buy", "MSFT", "5", "acct-v1");
+            data["placedAt"] = json!(sent);
+            let o = p.process_event(&eg_event(data)).await;
+            let want = if *status == "Received" && sent == *placed {
+                OutcomeKind::Executed // resumed: the row was left Received
+            } else {
+                OutcomeKind::Duplicate
+            };
+            assert_eq!(o.outcome, want, "{id} ({status}) placedAt {sent}: {o:?}");
+        }
+        // Another instant under the same id is another order.
+        let mut data = order_data(id, "buy", "MSFT", "5", "acct-v1");
+        data["placedAt"] = json!("2025-06-14T09:30:02.119Z");
+        let o = p.process_event(&eg_event(data)).await;
+        assert_eq!(o.outcome, OutcomeKind::Conflict, "{id}: {o:?}");
+        let row = store.order(id).await.unwrap().unwrap();
+        assert_eq!(row.status, OrderStatus::Executed);
+        assert!(
+            !row.fingerprint.starts_with("v2:"),
+            "the row is not rewritten"
+        );
+    }
+    // One resumed execution in all: the position holds it once.
+    assert_eq!(
+        store.position("acct-v1", "MSFT").await.unwrap(),
+        Some(dec("5"))
+    );
 }

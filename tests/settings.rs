@@ -29,7 +29,11 @@ fn example_values() -> BTreeMap<String, String> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/local.settings.json.example");
     let text = std::fs::read_to_string(path).expect("read local.settings.json.example");
     let json: Value = serde_json::from_str(&text).expect("local.settings.json.example is JSON");
-    assert_eq!(json["IsEncrypted"], Value::Bool(false), "IsEncrypted must be false");
+    assert_eq!(
+        json["IsEncrypted"],
+        Value::Bool(false),
+        "IsEncrypted must be false"
+    );
     json["Values"]
         .as_object()
         .expect("a Values object")
@@ -96,7 +100,10 @@ fn the_example_holds_every_setting_the_handler_reads_and_nothing_else() {
         "local.settings.json.example lists {unknown:?}, which neither the handler nor the Functions host reads"
     );
     for k in READ_BY_THE_HOST {
-        assert!(example.contains_key(k), "{k} (read by the Functions host) is missing");
+        assert!(
+            example.contains_key(k),
+            "{k} (read by the Functions host) is missing"
+        );
     }
     assert_eq!(example["FUNCTIONS_WORKER_RUNTIME"], "custom");
 }

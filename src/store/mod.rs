@@ -16,7 +16,12 @@ use async_trait::async_trait;
 use rust_decimal::Decimal;
 use sha2::{Digest, Sha256};
 
-use crate::order::{hex, Order, OrderStatus};
+use std::borrow::Cow;
+
+use crate::order::{
+    canonical_instant, fingerprint_of, fingerprint_version, hex, FingerprintParts, Order,
+    OrderStatus, FINGERPRINT_VERSION,
+};
 
 pub use self::sqlite::{Pressure, SqliteStore, MAX_QUEUED as SQLITE_MAX_QUEUED};
 pub use self::sqlserver::SqlServerStore;
@@ -102,6 +107,35 @@ pub struct OrderRecord {
     pub attempts: i64,
     pub received_at: String,
     pub executed_at: Option<String>,
+    /// `placedAt` as stored (canonical UTC text since fingerprint v2).
+    pub placed_at: Option<String>,
+}
+
+impl OrderRecord {
+    /// The row's fingerprint in the current version: the stored one when it
+    /// is of this version, else recomputed from the row's columns (which hold
+    /// every field a fingerprint covers) under today's normalization. So a
+    /// change of normalization never turns the redelivery of an order stored
+    /// before it into a conflict: the row decides, not the old hash.
+    pub fn current_fingerprint(&self) -> Cow<'_, str> {
+        if fingerprint_version(&self.fingerprint) == FINGERPRINT_VERSION {
+            return Cow::Borrowed(&self.fingerprint);
+        }
+        let placed_at = self
+            .placed_at
+            .as_deref()
+            .map(|p| canonical_instant(p).unwrap_or_else(|_| p.to_string()));
+        Cow::Owned(fingerprint_of(&FingerprintParts {
+            order_id: &self.order_id,
+            account_id: &self.account_id,
+            side: &self.side,
+            symbol: &self.symbol,
+            quantity: self.quantity,
+            limit_price: self.limit_price,
+            currency: self.currency.as_deref(),
+            placed_at: placed_at.as_deref(),
+        }))
+    }
 }
 
 /// A stored rejected event (for tests, audits and `status`).

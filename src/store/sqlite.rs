@@ -290,7 +290,7 @@ fn status(text: &str) -> Result<OrderStatus, rusqlite::Error> {
 fn read_order(conn: &Connection, order_id: &str) -> Result<Option<OrderRecord>, rusqlite::Error> {
     conn.query_row(
         "SELECT OrderId, Fingerprint, AccountId, Side, Symbol, Quantity, LimitPrice, Currency,
-                Status, Attempts, ReceivedAt, ExecutedAt
+                Status, Attempts, ReceivedAt, ExecutedAt, PlacedAt
            FROM Orders WHERE OrderId = ?1",
         [order_id],
         |r| {
@@ -311,6 +311,7 @@ fn read_order(conn: &Connection, order_id: &str) -> Result<Option<OrderRecord>, 
                 attempts: r.get(9)?,
                 received_at: r.get(10)?,
                 executed_at: r.get(11)?,
+                placed_at: r.get(12)?,
             })
         },
     )
@@ -371,7 +372,7 @@ impl OrderStore for SqliteStore {
                 // The row that violated the index cannot vanish: rows are never deleted.
                 rusqlite::Error::QueryReturnedNoRows
             })?;
-            if existing.fingerprint != o.fingerprint() {
+            if existing.current_fingerprint() != o.fingerprint() {
                 return Ok(Admission::Conflict {
                     existing_fingerprint: existing.fingerprint,
                 });

@@ -269,6 +269,7 @@ async fn read_order(client: &mut Client, order_id: &str) -> Result<Option<OrderR
         attempts: int(&r, 9, "Attempts")?,
         received_at: utc(opt_text(&r, 10)?).unwrap_or_default(),
         executed_at: utc(opt_text(&r, 11)?),
+        placed_at: opt_text(&r, 12)?,
     }))
 }
 
@@ -302,7 +303,7 @@ async fn accept_on(client: &mut Client, o: &Order, event_id: &str) -> Result<Adm
             o.order_id
         ))
     })?;
-    if existing.fingerprint != o.fingerprint() {
+    if existing.current_fingerprint() != o.fingerprint() {
         return Ok(Admission::Conflict {
             existing_fingerprint: existing.fingerprint,
         });

@@ -112,7 +112,7 @@ pub const INSERT_ORDER: &str = "INSERT INTO dbo.Orders \
 pub const SELECT_ORDER: &str = "SELECT OrderId, Fingerprint, AccountId, Side, Symbol, \
      Quantity, LimitPrice, Currency, Status, Attempts, \
      CONVERT(NVARCHAR(40), ReceivedAt, 126) AS ReceivedAt, \
-     CONVERT(NVARCHAR(40), ExecutedAt, 126) AS ExecutedAt \
+     CONVERT(NVARCHAR(40), ExecutedAt, 126) AS ExecutedAt, PlacedAt \
      FROM dbo.Orders WHERE OrderId = @P1";
 
 /// `accept` found the same order still `Received` (a crashed worker's row):
