@@ -268,6 +268,41 @@ fn new_hist() -> Histogram<u64> {
 /// Run `work` with `concurrency` workers: `warmup` unmeasured, then `measure`.
 /// `next` hands out operation numbers (unique across the run for first
 /// deliveries and Redis keys).
+/// First deliveries of new orders to one handler, then redeliveries of the
+/// orders that phase completed: the two samples, in that order.
+async fn first_then_duplicates(
+    addr: SocketAddr,
+    tag: u32,
+    concurrency: usize,
+    warmup: Duration,
+    measure: Duration,
+    unique: &Arc<AtomicU64>,
+    next: &Arc<AtomicU64>,
+) -> anyhow::Result<(Sample, Sample)> {
+    let first = phase(
+        &Work::FirstDelivery { addr, tag },
+        concurrency,
+        warmup,
+        measure,
+        unique,
+    )
+    .await?;
+    let completed = unique.load(Ordering::Relaxed);
+    let dup = phase(
+        &Work::Duplicate {
+            addr,
+            tag,
+            completed,
+        },
+        concurrency,
+        warmup,
+        measure,
+        next,
+    )
+    .await?;
+    Ok((first, dup))
+}
+
 async fn phase(
     work: &Work,
     concurrency: usize,
@@ -829,66 +864,34 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 .entry(("sqlite_commit_ceiling", c))
                 .or_default()
                 .add(&s)?;
-            let s = phase(
-                &Work::FirstDelivery {
-                    addr: opts.handler,
-                    tag,
-                },
-                c,
-                warmup,
-                measure,
-                &unique,
-            )
-            .await?;
-            series.entry(("first_delivery", c)).or_default().add(&s)?;
-            let completed = unique.load(Ordering::Relaxed);
-            let s = phase(
-                &Work::Duplicate {
-                    addr: opts.handler,
-                    tag,
-                    completed,
-                },
-                c,
-                warmup,
-                measure,
-                &next,
-            )
-            .await?;
-            series.entry(("duplicate", c)).or_default().add(&s)?;
+            let (first, dup) =
+                first_then_duplicates(opts.handler, tag, c, warmup, measure, &unique, &next)
+                    .await?;
+            series
+                .entry(("first_delivery", c))
+                .or_default()
+                .add(&first)?;
+            series.entry(("duplicate", c)).or_default().add(&dup)?;
             if let Some(addr) = opts.cluster_handler {
                 let cluster_tag = tag ^ 0x6b6b_6b6b;
-                let s = phase(
-                    &Work::FirstDelivery {
-                        addr,
-                        tag: cluster_tag,
-                    },
+                let (first, dup) = first_then_duplicates(
+                    addr,
+                    cluster_tag,
                     c,
                     warmup,
                     measure,
                     &unique_cluster,
+                    &next,
                 )
                 .await?;
                 series
                     .entry(("first_delivery_cluster", c))
                     .or_default()
-                    .add(&s)?;
-                let completed = unique_cluster.load(Ordering::Relaxed);
-                let s = phase(
-                    &Work::Duplicate {
-                        addr,
-                        tag: cluster_tag,
-                        completed,
-                    },
-                    c,
-                    warmup,
-                    measure,
-                    &next,
-                )
-                .await?;
+                    .add(&first)?;
                 series
                     .entry(("duplicate_cluster", c))
                     .or_default()
-                    .add(&s)?;
+                    .add(&dup)?;
             }
             if let (Some(addr), Some(ado)) = (opts.sqlserver_handler, opts.sqlserver.as_ref()) {
                 let s = phase(
@@ -906,38 +909,24 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                     .or_default()
                     .add(&s)?;
                 let mssql_tag = tag ^ 0x3c3c_3c3c;
-                let s = phase(
-                    &Work::FirstDelivery {
-                        addr,
-                        tag: mssql_tag,
-                    },
+                let (first, dup) = first_then_duplicates(
+                    addr,
+                    mssql_tag,
                     c,
                     warmup,
                     measure,
                     &unique_mssql,
+                    &next,
                 )
                 .await?;
                 series
                     .entry(("first_delivery_sqlserver", c))
                     .or_default()
-                    .add(&s)?;
-                let completed = unique_mssql.load(Ordering::Relaxed);
-                let s = phase(
-                    &Work::Duplicate {
-                        addr,
-                        tag: mssql_tag,
-                        completed,
-                    },
-                    c,
-                    warmup,
-                    measure,
-                    &next,
-                )
-                .await?;
+                    .add(&first)?;
                 series
                     .entry(("duplicate_sqlserver", c))
                     .or_default()
-                    .add(&s)?;
+                    .add(&dup)?;
             }
         }
     }

@@ -98,28 +98,13 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("cannot start redis-server");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let mut tx = Some(tx);
-            for line in lines.by_ref().map_while(Result::ok) {
-                if line.contains("Ready to accept connections") {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(());
-                    }
-                }
-                // Keep draining so the server never blocks on a full pipe.
-            }
-        });
-        rx.recv_timeout(Duration::from_secs(20))
-            .unwrap_or_else(|_| {
-                let _ = child.kill();
-                panic!(
-                    "redis-server on port {} did not become ready in 20 s",
-                    self.port
-                )
-            });
+        if !redis_ready(&mut child) {
+            let _ = child.kill();
+            panic!(
+                "redis-server on port {} did not become ready in 20 s",
+                self.port
+            );
+        }
         self.child = Some(child);
     }
 
@@ -346,19 +331,7 @@ impl RedisCluster {
             .stderr(Stdio::null())
             .spawn()
             .expect("cannot start redis-server");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.contains("Ready to accept connections") {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(());
-                    }
-                }
-            }
-        });
-        if rx.recv_timeout(Duration::from_secs(20)).is_err() {
+        if !redis_ready(&mut child) {
             let _ = child.kill();
             panic!(
                 "cluster node on port {} did not become ready in 20 s",
@@ -1278,4 +1251,23 @@ pub async fn wait_ready(
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// Wait (at most 20 s) for a `redis-server` started with piped stdout to log
+/// "Ready to accept connections"; its output keeps being drained after that,
+/// so the server never blocks on a full pipe.
+fn redis_ready(child: &mut std::process::Child) -> bool {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("Ready to accept connections") {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(20)).is_ok()
 }
