@@ -10,9 +10,14 @@
 //!   interleave every figure with its ceilings: the HTTP ceiling, raw
 //!   `SET key val NX EX 300` round trips with redis-rs (the Redis ceiling),
 //!   durable SQLite commits (the commit ceiling), the first-delivery path and
-//!   the duplicate path, at concurrency 1 and 32; then the handler's peak RSS
-//!   and the cold start (median of N starts). Writes `results.json` and one
-//!   PNG latency plot per path into `--out`, and prints a table.
+//!   the duplicate path (answered from the handler's cache of finished orders,
+//!   and, on a second handler with that cache off, through Redis), at
+//!   concurrency 1 and 32; then the handler's peak RSS and the cold start
+//!   (median of N starts). Beside each figure, the CPU time (user + system,
+//!   from `/proc/<pid>/stat`) the process serving it spent per operation in
+//!   the measured window: the handler per event, bare warp per request,
+//!   redis-server per command. Writes `results.json` and one PNG latency plot
+//!   per path into `--out`, and prints a table.
 //!
 //! Every loop is bounded in time and count; it only talks to loopback.
 
@@ -60,15 +65,28 @@ struct Opts {
     /// The handler under test (`order-guard serve`), e.g. 127.0.0.1:7071.
     #[arg(long)]
     handler: SocketAddr,
-    /// Its process id, for the peak RSS.
+    /// Its process id, for the peak RSS and CPU per event.
     #[arg(long)]
     handler_pid: u32,
+    /// A second handler on the same Redis with its cache of finished orders
+    /// off (`ORDER_CACHE_MB=0`): the duplicate path through Redis.
+    #[arg(long)]
+    redis_handler: SocketAddr,
+    /// Its process id.
+    #[arg(long)]
+    redis_handler_pid: u32,
     /// The ceiling server (`bench ceiling-server`).
     #[arg(long)]
     ceiling: SocketAddr,
+    /// Its process id, for CPU per request.
+    #[arg(long)]
+    ceiling_pid: u32,
     /// The redis-server the handler uses.
     #[arg(long)]
     redis_url: String,
+    /// Its process id, for CPU per command.
+    #[arg(long)]
+    redis_pid: u32,
     /// The `order-guard` binary, started again for the cold-start figure.
     #[arg(long)]
     binary: PathBuf,
@@ -97,6 +115,9 @@ struct Opts {
     /// beside the SQLite one when given.
     #[arg(long)]
     sqlserver_handler: Option<SocketAddr>,
+    /// Its process id.
+    #[arg(long)]
+    sqlserver_handler_pid: Option<u32>,
     /// The ADO.NET string of that handler's database, for the round-trip
     /// ceiling (`SELECT 1` on a connection of our own per worker).
     #[arg(long)]
@@ -106,6 +127,9 @@ struct Opts {
     /// measured beside the single node's, in the same rounds.
     #[arg(long)]
     cluster_handler: Option<SocketAddr>,
+    /// Its process id.
+    #[arg(long)]
+    cluster_handler_pid: Option<u32>,
 }
 
 fn main() -> ExitCode {
@@ -252,6 +276,8 @@ struct Sample {
     ops: u64,
     seconds: f64,
     hist: Histogram<u64>,
+    /// CPU seconds each watched process spent in the measured window.
+    cpu: Vec<(&'static str, f64)>,
 }
 
 impl Sample {
@@ -270,6 +296,7 @@ fn new_hist() -> Histogram<u64> {
 /// deliveries and Redis keys).
 /// First deliveries of new orders to one handler, then redeliveries of the
 /// orders that phase completed: the two samples, in that order.
+#[allow(clippy::too_many_arguments)]
 async fn first_then_duplicates(
     addr: SocketAddr,
     tag: u32,
@@ -278,6 +305,7 @@ async fn first_then_duplicates(
     measure: Duration,
     unique: &Arc<AtomicU64>,
     next: &Arc<AtomicU64>,
+    watch: &[(&'static str, u32)],
 ) -> anyhow::Result<(Sample, Sample)> {
     let first = phase(
         &Work::FirstDelivery { addr, tag },
@@ -285,6 +313,7 @@ async fn first_then_duplicates(
         warmup,
         measure,
         unique,
+        watch,
     )
     .await?;
     let completed = unique.load(Ordering::Relaxed);
@@ -298,21 +327,40 @@ async fn first_then_duplicates(
         warmup,
         measure,
         next,
+        watch,
     )
     .await?;
     Ok((first, dup))
 }
 
+/// One phase; `watch` names the processes whose CPU time is read at the
+/// start and at the end of the measured window.
 async fn phase(
     work: &Work,
     concurrency: usize,
     warmup: Duration,
     measure: Duration,
     next: &Arc<AtomicU64>,
+    watch: &[(&'static str, u32)],
 ) -> anyhow::Result<Sample> {
     let start = Instant::now();
     let measure_from = start + warmup;
     let stop = measure_from + measure;
+    let watched = watch.to_vec();
+    let cpu_window = tokio::spawn(async move {
+        // Timers, not synchronisation: the window is defined by the clock.
+        tokio::time::sleep_until(measure_from.into()).await;
+        let before = cpu_seconds_of(&watched)?;
+        tokio::time::sleep_until(stop.into()).await;
+        let after = cpu_seconds_of(&watched)?;
+        anyhow::Ok(
+            watched
+                .iter()
+                .zip(before.iter().zip(after))
+                .map(|((name, _), (b, a))| (*name, a - b))
+                .collect::<Vec<_>>(),
+        )
+    });
     let mut tasks = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         let work = work.clone();
@@ -332,6 +380,39 @@ async fn phase(
         ops,
         seconds: measure.as_secs_f64(),
         hist,
+        cpu: cpu_window.await??,
+    })
+}
+
+/// User + system CPU seconds of each process (`/proc/<pid>/stat`, all threads).
+fn cpu_seconds_of(watch: &[(&'static str, u32)]) -> anyhow::Result<Vec<f64>> {
+    watch.iter().map(|(_, pid)| cpu_seconds(*pid)).collect()
+}
+
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces), from field 3:
+    // utime is field 14, stime field 15, in clock ticks.
+    let rest = stat.rsplit_once(')').context("malformed stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<f64> {
+        Ok(fields.get(i).context("short stat")?.parse::<u64>()? as f64)
+    };
+    Ok((ticks(11)? + ticks(12)?) / clock_ticks_per_second())
+}
+
+/// `getconf CLK_TCK` (100 on Linux unless the kernel says otherwise).
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
     })
 }
 
@@ -475,6 +556,7 @@ fn sqlite_ceiling(path: &Path, warmup: Duration, measure: Duration) -> anyhow::R
         ops,
         seconds: measure.as_secs_f64(),
         hist,
+        cpu: Vec::new(),
     })
 }
 
@@ -485,6 +567,8 @@ struct Series {
     seconds: f64,
     per_round: Vec<f64>,
     hist: Option<Histogram<u64>>,
+    /// CPU seconds per watched process, over every round.
+    cpu: BTreeMap<&'static str, f64>,
 }
 
 impl Series {
@@ -492,6 +576,9 @@ impl Series {
         self.ops += s.ops;
         self.seconds += s.seconds;
         self.per_round.push(s.rate());
+        for (name, secs) in &s.cpu {
+            *self.cpu.entry(name).or_default() += secs;
+        }
         match &mut self.hist {
             Some(h) => h.add(&s.hist)?,
             None => self.hist = Some(s.hist.clone()),
@@ -503,6 +590,13 @@ impl Series {
             self.ops as f64 / self.seconds
         } else {
             0.0
+        }
+    }
+    /// Microseconds of `process`'s CPU per operation (NaN when not watched).
+    fn cpu_us_per_op(&self, process: &str) -> f64 {
+        match self.cpu.get(process) {
+            Some(secs) if self.ops > 0 => secs * 1e6 / self.ops as f64,
+            _ => f64::NAN,
         }
     }
     fn ms(&self, q: f64) -> f64 {
@@ -618,6 +712,54 @@ fn print_table(entries: &[Entry]) {
             ratio,
             ceiling
         );
+    }
+}
+
+/// Issue 13's goals at concurrency `c`, each said met or missed.
+fn print_targets(entries: &[Entry], c: usize) {
+    let find = |name: &str| {
+        entries
+            .iter()
+            .find(|e| e.name == name && e.concurrency == Some(c))
+    };
+    let ratio = |name: &str, ceiling: &str| {
+        find(name).and_then(|e| e.ratios.get(ceiling).copied().or(e.ratio_to_ceiling))
+    };
+    let goals = [
+        (
+            "duplicate (cache hit) ÷ HTTP ceiling ≥ 0.6",
+            ratio("duplicate_cache_hit_throughput", "http_ceiling_throughput"),
+            0.6,
+            true,
+        ),
+        (
+            "duplicate (cache hit) p99 ≤ 2 ms",
+            find("duplicate_cache_hit_p99").map(|e| e.value),
+            2.0,
+            false,
+        ),
+        (
+            "duplicate through Redis ÷ HTTP ceiling ≥ 0.4",
+            ratio("duplicate_redis_throughput", "http_ceiling_throughput"),
+            0.4,
+            true,
+        ),
+        (
+            "handler CPU per duplicate (cache hit) ≤ 2× bare warp's (ratio ≥ 0.5)",
+            find("duplicate_cache_hit_cpu").and_then(|e| e.ratio_to_ceiling),
+            0.5,
+            true,
+        ),
+    ];
+    println!("\ntargets at c={c}:");
+    for (goal, value, bound, at_least) in goals {
+        let verdict = match value {
+            Some(v) if (at_least && v >= bound) || (!at_least && v <= bound) => "met",
+            Some(_) => "MISSED",
+            None => "not measured",
+        };
+        let shown = value.map_or("-".into(), |v| format!("{v:.3}"));
+        println!("  {verdict:<12} {goal}: {shown}");
     }
 }
 
@@ -822,6 +964,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     let unique = Arc::new(AtomicU64::new(0));
     let unique_mssql = Arc::new(AtomicU64::new(0));
     let unique_cluster = Arc::new(AtomicU64::new(0));
+    let unique_redis = Arc::new(AtomicU64::new(0));
     let redis = redis::Client::open(opts.redis_url.as_str())?
         .get_multiplexed_async_connection()
         .await
@@ -829,6 +972,12 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
 
     let mut series: BTreeMap<(&str, usize), Series> = BTreeMap::new();
     let sqlite_path = opts.scratch.join("commit-ceiling.db");
+    // The processes whose CPU each phase reads.
+    let handler = [("handler", opts.handler_pid)];
+    let through_redis = [
+        ("handler", opts.redis_handler_pid),
+        ("redis", opts.redis_pid),
+    ];
     for &c in &opts.concurrency {
         for round in 0..opts.rounds {
             eprintln!(
@@ -836,15 +985,18 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 round + 1,
                 opts.rounds
             );
+            let mut record =
+                |name: &'static str, s: &Sample| series.entry((name, c)).or_default().add(s);
             let s = phase(
                 &Work::HttpCeiling { addr: opts.ceiling },
                 c,
                 warmup,
                 measure,
                 &next,
+                &[("handler", opts.ceiling_pid)],
             )
             .await?;
-            series.entry(("http_ceiling", c)).or_default().add(&s)?;
+            record("http_ceiling", &s)?;
             let s = phase(
                 &Work::RedisCeiling {
                     conn: redis.clone(),
@@ -854,46 +1006,60 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 warmup,
                 measure,
                 &next,
+                &[("redis", opts.redis_pid)],
             )
             .await?;
-            series.entry(("redis_ceiling", c)).or_default().add(&s)?;
+            record("redis_ceiling", &s)?;
             let path = sqlite_path.clone();
             let s = tokio::task::spawn_blocking(move || sqlite_ceiling(&path, warmup, measure))
                 .await??;
-            series
-                .entry(("sqlite_commit_ceiling", c))
-                .or_default()
-                .add(&s)?;
-            let (first, dup) =
-                first_then_duplicates(opts.handler, tag, c, warmup, measure, &unique, &next)
-                    .await?;
-            series
-                .entry(("first_delivery", c))
-                .or_default()
-                .add(&first)?;
-            series.entry(("duplicate", c)).or_default().add(&dup)?;
-            if let Some(addr) = opts.cluster_handler {
-                let cluster_tag = tag ^ 0x6b6b_6b6b;
+            record("sqlite_commit_ceiling", &s)?;
+            let (first, dup) = first_then_duplicates(
+                opts.handler,
+                tag,
+                c,
+                warmup,
+                measure,
+                &unique,
+                &next,
+                &handler,
+            )
+            .await?;
+            record("first_delivery", &first)?;
+            record("duplicate_cache_hit", &dup)?;
+            // The same on a handler without the cache: duplicates go to Redis.
+            let (_, dup) = first_then_duplicates(
+                opts.redis_handler,
+                tag ^ 0x1e1e_1e1e,
+                c,
+                warmup,
+                measure,
+                &unique_redis,
+                &next,
+                &through_redis,
+            )
+            .await?;
+            record("duplicate_redis", &dup)?;
+            if let (Some(addr), Some(pid)) = (opts.cluster_handler, opts.cluster_handler_pid) {
                 let (first, dup) = first_then_duplicates(
                     addr,
-                    cluster_tag,
+                    tag ^ 0x6b6b_6b6b,
                     c,
                     warmup,
                     measure,
                     &unique_cluster,
                     &next,
+                    &[("handler", pid)],
                 )
                 .await?;
-                series
-                    .entry(("first_delivery_cluster", c))
-                    .or_default()
-                    .add(&first)?;
-                series
-                    .entry(("duplicate_cluster", c))
-                    .or_default()
-                    .add(&dup)?;
+                record("first_delivery_cluster", &first)?;
+                record("duplicate_cluster", &dup)?;
             }
-            if let (Some(addr), Some(ado)) = (opts.sqlserver_handler, opts.sqlserver.as_ref()) {
+            if let (Some(addr), Some(pid), Some(ado)) = (
+                opts.sqlserver_handler,
+                opts.sqlserver_handler_pid,
+                opts.sqlserver.as_ref(),
+            ) {
                 let s = phase(
                     &Work::SqlRoundTrip {
                         ado: Arc::new(ado.clone()),
@@ -902,31 +1068,23 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                     warmup,
                     measure,
                     &next,
+                    &[],
                 )
                 .await?;
-                series
-                    .entry(("sqlserver_roundtrip_ceiling", c))
-                    .or_default()
-                    .add(&s)?;
-                let mssql_tag = tag ^ 0x3c3c_3c3c;
+                record("sqlserver_roundtrip_ceiling", &s)?;
                 let (first, dup) = first_then_duplicates(
                     addr,
-                    mssql_tag,
+                    tag ^ 0x3c3c_3c3c,
                     c,
                     warmup,
                     measure,
                     &unique_mssql,
                     &next,
+                    &[("handler", pid)],
                 )
                 .await?;
-                series
-                    .entry(("first_delivery_sqlserver", c))
-                    .or_default()
-                    .add(&first)?;
-                series
-                    .entry(("duplicate_sqlserver", c))
-                    .or_default()
-                    .add(&dup)?;
+                record("first_delivery_sqlserver", &first)?;
+                record("duplicate_sqlserver", &dup)?;
             }
         }
     }
@@ -943,16 +1101,22 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     let mut entries = Vec::new();
     for &c in &opts.concurrency {
         let s = |name: &'static str| &series[&(name, c)];
+        let http = ("http_ceiling", s("http_ceiling"));
         entries.extend(figure_entries(
-            "duplicate",
+            "duplicate_cache_hit",
             "events/s",
             c,
-            s("duplicate"),
+            s("duplicate_cache_hit"),
             &PERCENTILES,
-            &[
-                ("http_ceiling", s("http_ceiling")),
-                ("redis_ceiling", s("redis_ceiling")),
-            ],
+            &[http, ("redis_ceiling", s("redis_ceiling"))],
+        ));
+        entries.extend(figure_entries(
+            "duplicate_redis",
+            "events/s",
+            c,
+            s("duplicate_redis"),
+            &PERCENTILES,
+            &[http, ("redis_ceiling", s("redis_ceiling"))],
         ));
         if opts.cluster_handler.is_some() {
             entries.extend(figure_entries(
@@ -961,10 +1125,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 c,
                 s("duplicate_cluster"),
                 &PERCENTILES,
-                &[
-                    ("duplicate", s("duplicate")),
-                    ("http_ceiling", s("http_ceiling")),
-                ],
+                &[("duplicate_redis", s("duplicate_redis")), http],
             ));
             entries.extend(figure_entries(
                 "first_delivery_cluster",
@@ -1017,7 +1178,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 c,
                 s("duplicate_sqlserver"),
                 &PERCENTILES,
-                &[("http_ceiling", s("http_ceiling"))],
+                &[http],
             ));
             entries.extend(figure_entries(
                 "sqlserver_roundtrip_ceiling",
@@ -1038,6 +1199,40 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 &[],
             ));
         }
+        // CPU per operation: what each process spent, whatever its neighbours
+        // did. The ratio is bare warp's CPU per request ÷ the figure (1.0: as
+        // cheap as bare warp; 0.5: twice its cost).
+        let warp_us = s("http_ceiling").cpu_us_per_op("handler");
+        let mut cpu = |name: &str, series: &Series, process: &str, vs_warp: bool| {
+            let mut e = entry(name, series.cpu_us_per_op(process), "µs CPU/op", Some(c));
+            if vs_warp {
+                e.ratio_to_ceiling = Some(warp_us / e.value);
+                e.ceiling = Some("http_ceiling_cpu".into());
+            }
+            entries.push(e);
+        };
+        cpu("http_ceiling_cpu", s("http_ceiling"), "handler", false);
+        cpu("redis_ceiling_cpu", s("redis_ceiling"), "redis", false);
+        let paths = [
+            "duplicate_cache_hit",
+            "duplicate_redis",
+            "first_delivery",
+            "duplicate_cluster",
+            "first_delivery_cluster",
+            "duplicate_sqlserver",
+            "first_delivery_sqlserver",
+        ];
+        for path in paths {
+            if let Some(series) = series.get(&(path, c)) {
+                cpu(&format!("{path}_cpu"), series, "handler", true);
+            }
+        }
+        cpu(
+            "duplicate_redis_redis_cpu",
+            s("duplicate_redis"),
+            "redis",
+            false,
+        );
     }
     let ms = |d: &Duration| d.as_secs_f64() * 1e3;
     let mut cold = entry(
@@ -1068,6 +1263,9 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     let json = opts.out.join("results.json");
     std::fs::write(&json, serde_json::to_string_pretty(&entries)? + "\n")?;
     print_table(&entries);
+    if let Some(c) = max_c {
+        print_targets(&entries, c);
+    }
     println!("\nwrote {}", json.display());
 
     // Plots: each path beside its ceilings, one line per concurrency.
@@ -1080,7 +1278,12 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     ];
     for (path, ceilings, max_x) in [
         (
-            "duplicate",
+            "duplicate_cache_hit",
+            &["http_ceiling", "redis_ceiling"][..],
+            10_000.0,
+        ),
+        (
+            "duplicate_redis",
             &["http_ceiling", "redis_ceiling"][..],
             10_000.0,
         ),

@@ -2,7 +2,9 @@
 # The benchmark (docs/benchmarks.md): builds release binaries, starts its own
 # redis-server (loopback, free port, no persistence, temp dir), the handler
 # (`order-guard serve`: Redis guard + a fresh SQLite file, RUST_LOG=warn so
-# logging does not dominate) and the HTTP-ceiling server, then runs the load
+# logging does not dominate; a second one with its cache of finished orders
+# off, for the duplicate path through Redis) and the HTTP-ceiling server, then
+# runs the load
 # generator (examples/bench.rs), which prints the table and writes
 # target/bench/results.json and target/bench/latency_*.png.
 # Everything it starts is stopped on exit. About two minutes with the defaults.
@@ -61,7 +63,8 @@ REDIS_PORT="$(free_port)"
 echo "==> redis-server on 127.0.0.1:$REDIS_PORT ($(redis-server --version | awk '{print $3}'))"
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
   --daemonize no --dir "$SCRATCH" --logfile "$SCRATCH/redis.log" &
-PIDS+=("$!")
+REDIS_PID="$!"
+PIDS+=("$REDIS_PID")
 wait_port "$REDIS_PORT" redis-server
 
 HANDLER_PORT="$(free_port)"
@@ -75,6 +78,21 @@ HANDLER_PID="$!"
 PIDS+=("$HANDLER_PID")
 wait_port "$HANDLER_PORT" order-guard
 
+# The same with the cache of finished orders off (its own key prefix and
+# SQLite file): every duplicate asks Redis.
+REDIS_HANDLER_PORT="$(free_port)"
+echo "==> order-guard serve on 127.0.0.1:$REDIS_HANDLER_PORT (ORDER_CACHE_MB=0: duplicates through Redis)"
+FUNCTIONS_CUSTOMHANDLER_PORT="$REDIS_HANDLER_PORT" \
+  REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
+  GUARD_KEY_PREFIX="ordnc:" \
+  ORDER_CACHE_MB=0 \
+  SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-nocache.db" \
+  RUST_LOG=warn \
+  "$BIN" serve >"$SCRATCH/handler-nocache.log" 2>&1 &
+REDIS_HANDLER_PID="$!"
+PIDS+=("$REDIS_HANDLER_PID")
+wait_port "$REDIS_HANDLER_PORT" "order-guard (cache off)"
+
 # The SQL Server store on the T-SQL engine, when it is there: a second
 # handler on the same Redis (its own key prefix) and a fresh database.
 MSSQL_ARGS=()
@@ -82,17 +100,18 @@ if ENGINE="$(scripts/tsql-engine.sh path 2>/dev/null)"; then
   MSSQL_ADO="$(scripts/tsql-engine.sh start "og_bench_$(date +%s)")"
   STARTED_ENGINE=1
   MSSQL_PORT="$(free_port)"
-  echo "==> order-guard serve on 127.0.0.1:$MSSQL_PORT (SQL Server store on the T-SQL engine, $ENGINE; SQL_POOL_SIZE=32)"
+  echo "==> order-guard serve on 127.0.0.1:$MSSQL_PORT (SQL Server store on the T-SQL engine, $ENGINE; SQL_POOL_SIZE=32, ORDER_CACHE_MB=0)"
   FUNCTIONS_CUSTOMHANDLER_PORT="$MSSQL_PORT" \
     REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
     GUARD_KEY_PREFIX="ordms:" \
+    ORDER_CACHE_MB=0 \
     SQL_CONNECTION_STRING="$MSSQL_ADO" \
     SQL_POOL_SIZE=32 \
     RUST_LOG=warn \
     "$BIN" serve >"$SCRATCH/handler-mssql.log" 2>&1 &
   PIDS+=("$!")
+  MSSQL_ARGS=(--sqlserver-handler "127.0.0.1:$MSSQL_PORT" --sqlserver-handler-pid "$!" --sqlserver "$MSSQL_ADO")
   wait_port "$MSSQL_PORT" "order-guard (SQL Server)"
-  MSSQL_ARGS=(--sqlserver-handler "127.0.0.1:$MSSQL_PORT" --sqlserver "$MSSQL_ADO")
 else
   echo "==> no T-SQL engine found: SQL Server figures are not measured"
 fi
@@ -126,22 +145,24 @@ if [ "${BENCH_CLUSTER:-1}" != 0 ]; then
   done
   [ "$ok" = 1 ] || { echo "error: the Redis cluster did not reach cluster_state:ok" >&2; exit 1; }
   CLUSTER_HANDLER_PORT="$(free_port)"
-  echo "==> order-guard serve on 127.0.0.1:$CLUSTER_HANDLER_PORT (Redis cluster of 3 masters + 3 replicas, REDIS_CLUSTER=true)"
+  echo "==> order-guard serve on 127.0.0.1:$CLUSTER_HANDLER_PORT (Redis cluster of 3 masters + 3 replicas, REDIS_CLUSTER=true, ORDER_CACHE_MB=0)"
   FUNCTIONS_CUSTOMHANDLER_PORT="$CLUSTER_HANDLER_PORT" \
     REDIS_URL="redis://${CLUSTER_NODES[0]}" \
     REDIS_CLUSTER=true \
+    ORDER_CACHE_MB=0 \
     SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-cluster.db" \
     RUST_LOG=warn \
     "$BIN" serve >"$SCRATCH/handler-cluster.log" 2>&1 &
   PIDS+=("$!")
+  CLUSTER_ARGS=(--cluster-handler "127.0.0.1:$CLUSTER_HANDLER_PORT" --cluster-handler-pid "$!")
   wait_port "$CLUSTER_HANDLER_PORT" "order-guard (Redis cluster)"
-  CLUSTER_ARGS=(--cluster-handler "127.0.0.1:$CLUSTER_HANDLER_PORT")
 fi
 
 CEILING_PORT="$(free_port)"
 echo "==> HTTP ceiling server on 127.0.0.1:$CEILING_PORT"
 "$BENCH" ceiling-server --port "$CEILING_PORT" >"$SCRATCH/ceiling.log" 2>&1 &
-PIDS+=("$!")
+CEILING_PID="$!"
+PIDS+=("$CEILING_PID")
 wait_port "$CEILING_PORT" ceiling-server
 
 echo "==> machine: $(nproc) vCPU, $(lscpu | sed -n 's/^Model name: *//p')"
@@ -149,8 +170,9 @@ echo "==> load generator"
 # The whole run is bounded: the generator stops by itself; this is a backstop.
 timeout 600 "$BENCH" run \
   --handler "127.0.0.1:$HANDLER_PORT" --handler-pid "$HANDLER_PID" \
-  --ceiling "127.0.0.1:$CEILING_PORT" \
-  --redis-url "redis://127.0.0.1:$REDIS_PORT" \
+  --redis-handler "127.0.0.1:$REDIS_HANDLER_PORT" --redis-handler-pid "$REDIS_HANDLER_PID" \
+  --ceiling "127.0.0.1:$CEILING_PORT" --ceiling-pid "$CEILING_PID" \
+  --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-pid "$REDIS_PID" \
   --binary "$BIN" --scratch "$SCRATCH/cold" --out "$OUT" "${MSSQL_ARGS[@]}" "${CLUSTER_ARGS[@]}" "$@"
 
 if ! kill -0 "$HANDLER_PID" 2>/dev/null; then

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::finished::FinishedCacheSettings;
 use crate::guard::GuardSettings;
 use crate::host::Limits;
 use crate::processor::{GuardPolicy, ProcessorSettings};
@@ -203,6 +204,21 @@ impl Config {
                 ))
             }
         };
+        // This instance's cache of finished orders: bounded in bytes, and
+        // never trusted longer than COMPLETADA is kept.
+        let cache_mb = num("ORDER_CACHE_MB", 16, 0, 4_096)?;
+        let cache_ttl = num(
+            "ORDER_CACHE_TTL_SECONDS",
+            3_600.min(completed_ttl),
+            1,
+            30 * 86_400,
+        )?;
+        if cache_ttl > completed_ttl {
+            return Err(err(
+                "ORDER_CACHE_TTL_SECONDS",
+                format!("must be at most GUARD_COMPLETED_TTL_SECONDS ({completed_ttl}): the local cache must not answer for longer than the shared guard; got {cache_ttl}"),
+            ));
+        }
         let event_types = val("ORDER_EVENT_TYPES")
             .map(|v| event_types(&v))
             .transpose()?;
@@ -307,6 +323,10 @@ impl Config {
                 on_guard_unavailable,
                 deadline: Duration::from_millis(deadline),
                 event_types,
+                finished_cache: FinishedCacheSettings {
+                    max_bytes: cache_mb * 1024 * 1024,
+                    ttl: Duration::from_secs(cache_ttl),
+                },
             },
             shutdown_grace: Duration::from_secs(num("SHUTDOWN_GRACE_SECONDS", 25, 0, 300)?),
         })
@@ -458,6 +478,29 @@ mod tests {
         assert_eq!(c.guard_settings.prefix, "orden:");
         assert_eq!(c.guard_settings.processing_ttl, Duration::from_secs(300));
         assert_eq!(c.guard_settings.completed_ttl, Duration::from_secs(86_400));
+        assert_eq!(
+            c.processor.finished_cache,
+            FinishedCacheSettings {
+                max_bytes: 16 * 1024 * 1024,
+                ttl: Duration::from_secs(3_600)
+            }
+        );
+    }
+
+    #[test]
+    fn the_finished_cache_never_outlives_completada() {
+        // The default TTL follows a shorter COMPLETADA TTL down.
+        let c = config(&[("GUARD_COMPLETED_TTL_SECONDS", "600")]).unwrap();
+        assert_eq!(c.processor.finished_cache.ttl, Duration::from_secs(600));
+        let e = config(&[
+            ("GUARD_COMPLETED_TTL_SECONDS", "600"),
+            ("ORDER_CACHE_TTL_SECONDS", "601"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.var, "ORDER_CACHE_TTL_SECONDS");
+        assert!(e.to_string().contains("GUARD_COMPLETED_TTL_SECONDS (600)"));
+        let off = config(&[("ORDER_CACHE_MB", "0")]).unwrap();
+        assert_eq!(off.processor.finished_cache.max_bytes, 0);
     }
 
     #[test]
@@ -535,6 +578,8 @@ mod tests {
             ("GUARD_COMPLETED_TTL_SECONDS", "1"),
             ("GUARD_UNAVAILABLE", "maybe"),
             ("ORDER_EVENT_TYPES", "a,,b"),
+            ("ORDER_CACHE_MB", "lots"),
+            ("ORDER_CACHE_TTL_SECONDS", "0"),
             ("INVOCATION_DEADLINE_MS", "1"),
             ("REDIS_TIMEOUT_MS", "1"),
             ("MAX_BODY_BYTES", "1"),

@@ -8,6 +8,9 @@
 //! So the rules below are written once and checked where they run.
 //!
 //! ```text
+//! Recall ──┬─ finished here, same content ────────► answer duplicate
+//!          ├─ finished here, other content ───────► StoreConflict
+//!          └─ not known here ─────────────────────► Acquire
 //! Acquire ─┬─ acquired / taken over ──────────────► Accept (holding a token)
 //!          ├─ COMPLETADA, same content ───────────► answer duplicate
 //!          ├─ COMPLETADA, other content ──────────► StoreConflict
@@ -26,8 +29,10 @@
 //! StoreConflict ─ stored / failed ────────────────► Release → conflict / retry
 //! ```
 //!
-//! `MarkCompleted` is skipped when the guard was not used (unreachable, policy
-//! `proceed`); `Release` only runs when this event holds a reservation token.
+//! `Recall` (this instance's cache of finished orders, [`crate::finished`]) is
+//! the first step when the cache is on. `MarkCompleted` is skipped when the
+//! guard was not used (unreachable, policy `proceed`); `Release` only runs
+//! when this event holds a reservation token.
 
 use serde::Serialize;
 
@@ -78,6 +83,13 @@ impl OutcomeKind {
     pub fn needs_redelivery(self) -> bool {
         matches!(self, OutcomeKind::InProgress | OutcomeKind::Retry)
     }
+
+    /// Is this answer proof that the store holds the order terminal with the
+    /// delivered content? Only then may an instance remember the order as
+    /// finished ([`crate::finished`]).
+    pub fn proves_finished(self) -> bool {
+        matches!(self, OutcomeKind::Executed | OutcomeKind::Duplicate)
+    }
 }
 
 /// What to do when the guard cannot be reached.
@@ -93,6 +105,8 @@ pub enum GuardPolicy {
 /// The next thing the processor must do for the event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Step {
+    /// Look the order up in this instance's cache of finished orders.
+    Recall,
     /// Reserve the order id in the guard.
     Acquire,
     /// Another reservation holds the id: read the order's row.
@@ -133,6 +147,8 @@ pub enum Why {
 /// What a step answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
+    /// [`Step::Recall`]: what the cache says, judged by [`recollection`].
+    Recalled(Recollection),
     /// [`Step::Acquire`]: the id is ours (`taken_over`: from an owner past its deadline).
     Acquired { taken_over: bool },
     /// [`Step::Acquire`]: the guard says `COMPLETADA`, judged by [`completed_verdict`].
@@ -174,16 +190,18 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// The first step of an event.
-    pub fn start(policy: GuardPolicy) -> (Decision, Step) {
+    /// The first step of an event: [`Step::Recall`] when this instance keeps
+    /// a cache of finished orders (`cache`), else [`Step::Acquire`].
+    pub fn start(policy: GuardPolicy, cache: bool) -> (Decision, Step) {
+        let first = if cache { Step::Recall } else { Step::Acquire };
         let d = Decision {
             policy,
-            awaiting: Step::Acquire,
+            awaiting: first,
             holds_token: false,
             use_guard: true,
             answer: None,
         };
-        (d, Step::Acquire)
+        (d, first)
     }
 
     /// Whether this event holds a reservation token now.
@@ -197,6 +215,13 @@ impl Decision {
     pub fn next(mut self, reply: &Reply) -> (Decision, Step) {
         use OutcomeKind as K;
         let step = match (self.awaiting, reply) {
+            (Step::Recall, Reply::Recalled(r)) => match r {
+                // Already marked COMPLETADA (or the guard was down) when it
+                // finished: nothing to mark, nothing held.
+                Recollection::Finished => Step::Answer(K::Duplicate, Why::Done),
+                Recollection::FinishedOther(_) => Step::StoreConflict,
+                Recollection::Unknown => Step::Acquire,
+            },
             (Step::Acquire, Reply::Acquired { .. }) => {
                 self.holds_token = true;
                 Step::Accept
@@ -287,6 +312,31 @@ pub fn completion_marker(store_id: &str, fingerprint: &str) -> String {
     format!("{store_id}/{fingerprint}")
 }
 
+/// What this instance's cache of finished orders means for the order being
+/// delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Recollection {
+    /// Finished with the same content: a duplicate.
+    Finished,
+    /// Finished with other content (its fingerprint): a conflict.
+    FinishedOther(String),
+    /// Not remembered, or remembered under another fingerprint version (its
+    /// hash cannot be compared): the guard and the store decide.
+    Unknown,
+}
+
+/// Decide on a cached fingerprint (`None`: not in the cache).
+pub fn recollection(cached: Option<&str>, fingerprint: &str) -> Recollection {
+    match cached {
+        Some(fp) if fingerprint_version(fp) != fingerprint_version(fingerprint) => {
+            Recollection::Unknown
+        }
+        Some(fp) if fp == fingerprint => Recollection::Finished,
+        Some(fp) => Recollection::FinishedOther(fp.to_string()),
+        None => Recollection::Unknown,
+    }
+}
+
 /// What a `COMPLETADA` key means for the order being delivered.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum CompletedVerdict {
@@ -354,7 +404,10 @@ mod tests {
 
     /// Drive the machine through `replies`, returning every step it asked for.
     fn run(policy: GuardPolicy, replies: &[Reply]) -> Vec<Step> {
-        let (mut d, first) = Decision::start(policy);
+        run_from(Decision::start(policy, false), replies)
+    }
+
+    fn run_from((mut d, first): (Decision, Step), replies: &[Reply]) -> Vec<Step> {
         let mut steps = vec![first];
         for r in replies {
             let (next, step) = d.next(r);
@@ -522,6 +575,62 @@ mod tests {
             completed_verdict(Some(&format!("s/{other}")), Some("s"), &v2),
             CompletedVerdict::Conflict(other.clone())
         );
+    }
+
+    #[test]
+    fn a_finished_order_in_the_cache_is_answered_without_the_guard() {
+        let start = || Decision::start(P, true);
+        assert_eq!(
+            run_from(start(), &[Reply::Recalled(Recollection::Finished)]),
+            [
+                Step::Recall,
+                Step::Answer(OutcomeKind::Duplicate, Why::Done)
+            ]
+        );
+        // Other content: stored as a conflict, with no token to release.
+        assert_eq!(
+            run_from(
+                start(),
+                &[
+                    Reply::Recalled(Recollection::FinishedOther("fpB".into())),
+                    Reply::Stored
+                ]
+            ),
+            [
+                Step::Recall,
+                Step::StoreConflict,
+                Step::Answer(OutcomeKind::Conflict, Why::Conflict)
+            ]
+        );
+        // Not known here: the usual path.
+        assert_eq!(
+            run_from(start(), &[Reply::Recalled(Recollection::Unknown)]),
+            [Step::Recall, Step::Acquire]
+        );
+    }
+
+    #[test]
+    fn recollection_verdicts() {
+        let v2a = format!("v2:{}", "a".repeat(64));
+        let v2b = format!("v2:{}", "b".repeat(64));
+        let v1a = "a".repeat(64);
+        assert_eq!(recollection(None, &v2a), Recollection::Unknown);
+        assert_eq!(recollection(Some(&v2a), &v2a), Recollection::Finished);
+        assert_eq!(
+            recollection(Some(&v2b), &v2a),
+            Recollection::FinishedOther(v2b.clone())
+        );
+        assert_eq!(recollection(Some(&v1a), &v2a), Recollection::Unknown);
+    }
+
+    #[test]
+    fn only_executed_and_duplicate_prove_an_order_finished() {
+        let proving: Vec<_> = OutcomeKind::ALL
+            .into_iter()
+            .filter(|k| k.proves_finished())
+            .collect();
+        assert_eq!(proving, [OutcomeKind::Executed, OutcomeKind::Duplicate]);
+        assert!(proving.iter().all(|k| !k.needs_redelivery()));
     }
 
     #[test]

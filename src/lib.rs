@@ -3,7 +3,8 @@
 //!
 //! Data flows one way (see `docs/architecture.md`):
 //! [`host`] → [`event`] → [`order`] → [`processor`] → [`guard`] / [`store`];
-//! the processor performs the steps that [`decision`] (pure) chooses.
+//! the processor performs the steps that [`decision`] (pure) chooses, and
+//! keeps [`finished`], this instance's cache of finished orders.
 //! [`config`] reads the environment; [`app`] wires the pieces together for the
 //! binary's commands.
 
@@ -12,6 +13,7 @@ pub mod config;
 pub mod decision;
 pub mod event;
 pub mod faults;
+pub mod finished;
 pub mod guard;
 pub mod host;
 pub mod order;

@@ -1,6 +1,7 @@
 //! The processor: the four steps of one order and the outcome table.
 //!
 //! ```text
+//! 0. finished.recall(id) — this instance's cache of finished orders (if on)
 //! 1. guard.acquire(id)   — Redis SET NX EX (owner token)
 //! 2. store.accept(order) — INSERT under the unique index
 //! 3. store.execute(id)   — forward-only transition + position effect
@@ -23,12 +24,13 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::decision::{
-    completed_verdict, held_elsewhere_verdict, CompletedVerdict, Decision, HeldElsewhere, Reply,
-    Step, Why,
+    completed_verdict, held_elsewhere_verdict, recollection, CompletedVerdict, Decision,
+    HeldElsewhere, Recollection, Reply, Step, Why,
 };
 pub use crate::decision::{completion_marker, GuardPolicy, OutcomeKind};
 use crate::event::{check_type, normalize, parse_envelope, shown, Delivery};
 use crate::faults;
+use crate::finished::{FinishedCacheSettings, FinishedOrders};
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
 use crate::order::{probable_order_id, Order};
 use crate::store::{Admission, OrderStore, Rejection, RejectionKind, StoreError};
@@ -43,7 +45,8 @@ pub struct Outcome {
     /// Why, for everything but `executed` and `duplicate`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// Which guard decided: `redis`, `memory` or `unavailable`.
+    /// What decided: the guard (`redis`, `memory`), `unavailable` (the store
+    /// alone), or `cache` (this instance's cache of finished orders).
     pub guard: &'static str,
 }
 
@@ -72,6 +75,8 @@ pub struct ProcessorSettings {
     /// The event types that carry orders (`None`: every type). An event of
     /// another type is rejected with its reason, never executed.
     pub event_types: Option<Vec<String>>,
+    /// This instance's cache of finished orders (`max_bytes` 0: none).
+    pub finished_cache: FinishedCacheSettings,
 }
 
 impl Default for ProcessorSettings {
@@ -80,6 +85,7 @@ impl Default for ProcessorSettings {
             on_guard_unavailable: GuardPolicy::Proceed,
             deadline: Duration::from_secs(20),
             event_types: None,
+            finished_cache: FinishedCacheSettings::default(),
         }
     }
 }
@@ -91,6 +97,7 @@ pub struct Counters {
     guard_unavailable: AtomicU64,
     guard_errors: AtomicU64,
     takeovers: AtomicU64,
+    cache_hits: AtomicU64,
 }
 
 /// A point-in-time copy of [`Counters`].
@@ -108,6 +115,8 @@ pub struct CountersSnapshot {
     pub guard_errors: u64,
     /// Reservations taken over from an owner past its deadline.
     pub takeovers: u64,
+    /// Events answered from this instance's cache of finished orders.
+    pub cache_hits: u64,
 }
 
 impl Counters {
@@ -127,6 +136,7 @@ impl Counters {
             guard_unavailable: self.guard_unavailable.load(Ordering::Relaxed),
             guard_errors: self.guard_errors.load(Ordering::Relaxed),
             takeovers: self.takeovers.load(Ordering::Relaxed),
+            cache_hits: self.cache_hits.load(Ordering::Relaxed),
         }
     }
 }
@@ -139,6 +149,8 @@ pub struct Processor {
     counters: Counters,
     /// The store's identity, read at first use (see [`completion_marker`]).
     store_id: tokio::sync::OnceCell<String>,
+    /// Orders this instance saw finish (`None`: cache off).
+    finished: Option<FinishedOrders>,
 }
 
 /// An order and the event it came in, ready for the four steps.
@@ -159,6 +171,7 @@ impl Processor {
         Processor {
             guard,
             store,
+            finished: FinishedOrders::new(settings.finished_cache),
             settings,
             counters: Counters::default(),
             store_id: tokio::sync::OnceCell::new(),
@@ -288,10 +301,19 @@ impl Processor {
             failure: None,
             guard_label: self.guard.name(),
         };
-        let (mut decision, mut step) = Decision::start(self.settings.on_guard_unavailable);
+        let (mut decision, mut step) =
+            Decision::start(self.settings.on_guard_unavailable, self.finished.is_some());
         loop {
             let reply = match step {
-                Step::Answer(kind, why) => return self.answer(w, kind, why, &facts),
+                Step::Answer(kind, why) => {
+                    if let Some(finished) = &self.finished {
+                        if kind.proves_finished() && facts.guard_label != RECALLED {
+                            finished.remember(&w.order.order_id, w.order.fingerprint());
+                        }
+                    }
+                    return self.answer(w, kind, why, &facts);
+                }
+                Step::Recall => self.recall(w, &mut facts),
                 Step::Acquire => self.acquire(w, &mut facts).await,
                 Step::ReadRow => self.read_row(w, &mut facts).await,
                 Step::Accept => self.accept(w, &mut facts).await,
@@ -317,6 +339,27 @@ impl Processor {
             };
             (decision, step) = decision.next(&reply);
         }
+    }
+
+    /// Step 0: what this instance remembers of the order (no I/O).
+    fn recall(&self, w: &Work<'_>, facts: &mut Facts) -> Reply {
+        let cached = self
+            .finished
+            .as_ref()
+            .and_then(|f| f.recall(&w.order.order_id));
+        let verdict = recollection(cached.as_deref(), w.order.fingerprint());
+        match &verdict {
+            Recollection::Unknown => {}
+            Recollection::Finished => facts.guard_label = RECALLED,
+            Recollection::FinishedOther(fp) => {
+                facts.guard_label = RECALLED;
+                facts.existing = Some(fp.clone());
+            }
+        }
+        if facts.guard_label == RECALLED {
+            self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        Reply::Recalled(verdict)
     }
 
     /// Step 1: reserve the id (bounded by the event's deadline).
@@ -649,9 +692,12 @@ struct Facts {
     existing: Option<String>,
     /// Why the guard or the last store step failed.
     failure: Option<String>,
-    /// Which guard decided: `redis`, `memory` or `unavailable`.
+    /// Which guard decided: `redis`, `memory`, `unavailable` or [`RECALLED`].
     guard_label: &'static str,
 }
+
+/// The `guard` of an answer decided by this instance's cache of finished orders.
+pub const RECALLED: &str = "cache";
 
 /// A fault point's error, as the store step it stands in for would fail.
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]

@@ -18,6 +18,9 @@
 //! - **The database**: one row per id (the unique index), `Received →
 //!   Executed` only (forward-only, the effect applied with it), conflicts
 //!   stored per delivery.
+//! - **Each worker's cache of finished orders** (`src/finished.rs`): what it
+//!   remembers after answering `executed` or `duplicate`; lost when the
+//!   worker crashes, evicted at any moment.
 //! - **Faults**, from a budget: a worker crashes at any step (the host
 //!   restarts it; its reservation stays); a call fails without effect; a call
 //!   times out and still takes effect later.
@@ -32,8 +35,8 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use order_guard::decision::{
-    completed_verdict, completion_marker, held_elsewhere_verdict, Decision, GuardPolicy,
-    OutcomeKind, Reply, Step,
+    completed_verdict, completion_marker, held_elsewhere_verdict, recollection, Decision,
+    GuardPolicy, OutcomeKind, Reply, Step,
 };
 use order_guard::order::OrderStatus;
 use order_guard::store::{Admission, Execution};
@@ -114,6 +117,8 @@ struct World {
     workers: Vec<Worker>,
     /// Per worker: the counter its next token takes.
     epochs: Vec<u8>,
+    /// Per worker: the content its cache of finished orders remembers for the id.
+    caches: Vec<Option<Content>>,
     key: Option<Key>,
     row: Option<Row>,
     /// Effects applied, per content (the position moved).
@@ -138,6 +143,8 @@ enum Bug {
     AcknowledgeInProgress,
     /// `COMPLETADA` written before the store commits.
     CompleteBeforeCommit,
+    /// An order remembered as finished on an `in_progress` or `retry` answer.
+    RememberUnfinished,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -162,6 +169,8 @@ enum Action {
     KeyLost,
     /// A timed-out call lands.
     LandLate(u8),
+    /// A worker's cache evicts the id (size bound, TTL).
+    Evict(u8),
 }
 
 struct ProtocolModel {
@@ -319,6 +328,8 @@ impl ProtocolModel {
             // a crashed owner's reservation).
             Step::Acquire => &[Fault::Fails, Fault::LandsLater],
             Step::ReadRow => &[Fault::Fails],
+            // A local lookup: nothing to fail but the process (a crash).
+            Step::Recall => &[],
             Step::Accept
             | Step::Execute
             | Step::StoreConflict
@@ -341,6 +352,9 @@ impl ProtocolModel {
         };
         let content = DELIVERIES[delivery as usize];
         if let Step::Answer(kind, _) = step {
+            if kind.proves_finished() || self.bug == Bug::RememberUnfinished {
+                w.caches[worker as usize] = Some(content);
+            }
             let acked = !kind.needs_redelivery()
                 || (kind == OutcomeKind::InProgress && self.bug == Bug::AcknowledgeInProgress);
             w.deliveries[delivery as usize] = if acked {
@@ -362,6 +376,10 @@ impl ProtocolModel {
             Self::mark_completed(w, content);
         }
         let reply = match (step, fault) {
+            (Step::Recall, _) => Reply::Recalled(recollection(
+                w.caches[worker as usize].map(Content::fingerprint),
+                content.fingerprint(),
+            )),
             (Step::Acquire, None) => {
                 let (reply, t) = self.acquire(w, worker);
                 token = t;
@@ -440,6 +458,7 @@ impl Model for ProtocolModel {
             deliveries: vec![Delivery::Pending; DELIVERIES.len()],
             workers: vec![Worker::Idle; n],
             epochs: vec![0; n],
+            caches: vec![None; n],
             key: None,
             row: None,
             executions: [0, 0],
@@ -482,6 +501,11 @@ impl Model for ProtocolModel {
                 }
             }
         }
+        for (worker, cache) in w.caches.iter().enumerate() {
+            if cache.is_some() {
+                actions.push(Action::Evict(worker as u8));
+            }
+        }
         if matches!(w.key, Some(Key::Processing { lapsed: false, .. })) {
             actions.push(Action::LeasePasses);
         }
@@ -497,7 +521,7 @@ impl Model for ProtocolModel {
         let mut w = last.clone();
         match action {
             Action::Deliver { delivery, worker } => {
-                let (decision, step) = Decision::start(GuardPolicy::Proceed);
+                let (decision, step) = Decision::start(GuardPolicy::Proceed, true);
                 w.deliveries[delivery as usize] = Delivery::InFlight(worker);
                 w.workers[worker as usize] = Worker::Busy {
                     delivery,
@@ -518,7 +542,10 @@ impl Model for ProtocolModel {
                     w.deliveries[delivery as usize] = Delivery::Pending;
                 }
                 w.workers[worker as usize] = Worker::Idle;
+                // A restarted process starts with an empty cache.
+                w.caches[worker as usize] = None;
             }
+            Action::Evict(worker) => w.caches[worker as usize] = None,
             Action::LeasePasses => {
                 if let Some(Key::Processing { token, .. }) = w.key {
                     w.key = Some(Key::Processing {
@@ -632,13 +659,14 @@ fn summary(w: &World) -> String {
         })
         .collect();
     format!(
-        "key={:?} row={:?} executions={:?} conflicts={:?} deliveries={:?} workers=[{}] late={:?}",
+        "key={:?} row={:?} executions={:?} conflicts={:?} deliveries={:?} workers=[{}] caches={:?} late={:?}",
         w.key,
         w.row.map(|r| (r.content, r.status)),
         w.executions,
         w.conflicts,
         w.deliveries,
         workers.join("; "),
+        w.caches,
         w.late
     )
 }
@@ -726,7 +754,9 @@ fn stuck_state(model: &ProtocolModel) -> Option<String> {
 /// Actions that still happen once faults stop.
 fn is_calm(a: Action) -> bool {
     match a {
-        Action::Deliver { .. } | Action::LeasePasses | Action::LandLate(_) => true,
+        Action::Deliver { .. } | Action::LeasePasses | Action::LandLate(_) | Action::Evict(_) => {
+            true
+        }
         Action::Perform { fault, .. } => fault.is_none(),
         Action::Crash(_) | Action::KeyLost => false,
     }
@@ -801,6 +831,14 @@ fn acknowledging_in_progress_is_caught() {
 fn completing_before_the_commit_is_caught() {
     finds(
         Bug::CompleteBeforeCommit,
+        "never a 2xx for an event whose effect is not durable",
+    );
+}
+
+#[test]
+fn remembering_an_unfinished_order_is_caught() {
+    finds(
+        Bug::RememberUnfinished,
         "never a 2xx for an event whose effect is not durable",
     );
 }

@@ -40,6 +40,21 @@ async fn with_redis() -> (
     (common::processor(guard, store.clone()), store, server, dir)
 }
 
+/// The same with the processor's cache of finished orders off: every
+/// redelivery reaches Redis (and the store, when Redis cannot decide).
+async fn with_redis_uncached() -> (
+    Arc<Processor>,
+    Arc<SqliteStore>,
+    RedisServer,
+    tempfile::TempDir,
+) {
+    let server = RedisServer::start();
+    let (store, dir) = common::sqlite_store().await;
+    let guard = common::redis_guard(&server, redis_settings());
+    let p = common::processor_without_cache(guard, store.clone());
+    (p, store, server, dir)
+}
+
 /// 64 concurrent deliveries of one order; redeliver every `in_progress` the
 /// way Event Grid would until it is answered.
 async fn deliver_concurrently(p: &Arc<Processor>, event: &Value, n: usize) -> Vec<OutcomeKind> {
@@ -113,7 +128,7 @@ async fn sixty_four_concurrent_deliveries_execute_once_with_memory_guard() {
 
 #[tokio::test]
 async fn duplicates_after_completion_are_answered_by_the_guard_alone() {
-    let (p, store, _server, dir) = with_redis().await;
+    let (p, store, _server, dir) = with_redis_uncached().await;
     let account = unique_id("acct");
     let id = unique_id("ord");
     let data = order_data(&id, "buy", "MSFT", "10", &account);
@@ -144,7 +159,7 @@ async fn duplicates_after_completion_are_answered_by_the_guard_alone() {
 
 #[tokio::test]
 async fn a_different_order_reusing_an_id_is_a_stored_conflict() {
-    let (p, store, server, _dir) = with_redis().await;
+    let (p, store, server, _dir) = with_redis_uncached().await;
     let account = unique_id("acct");
     let id = unique_id("ord");
     let first = order_data(&id, "buy", "MSFT", "10", &account);
@@ -272,7 +287,7 @@ async fn a_reservation_held_by_another_owner_is_in_progress_and_untouched() {
 
 #[tokio::test]
 async fn a_row_left_received_by_a_crashed_worker_is_resumed_once() {
-    let (p, store, server, _dir) = with_redis().await;
+    let (p, store, server, _dir) = with_redis_uncached().await;
     let account = unique_id("acct");
     let id = unique_id("ord");
     let data = order_data(&id, "buy", "X", "4", &account);
@@ -435,7 +450,7 @@ async fn a_poison_order_keeps_its_id_only_when_the_id_is_valid() {
 #[tokio::test]
 async fn a_conflict_names_both_fingerprints_shortened() {
     let (store, _dir) = common::sqlite_store().await;
-    let p = common::processor(common::memory_guard(), store.clone());
+    let p = common::processor_without_cache(common::memory_guard(), store.clone());
     let id = unique_id("ord");
     let first = order_data(&id, "buy", "MSFT", "10", "a");
     let o = p.process_event(&eg_event(first.clone())).await;
@@ -457,7 +472,7 @@ async fn a_conflict_names_both_fingerprints_shortened() {
     );
     // Decided by the guard's completed marker, then (guard lost: a new
     // process with an empty memory guard) by the store's unique index.
-    let restarted = common::processor(common::memory_guard(), store.clone());
+    let restarted = common::processor_without_cache(common::memory_guard(), store.clone());
     for p in [&p, &restarted] {
         let o = p.process_event(&eg_event(changed.clone())).await;
         assert_eq!((o.outcome, o.guard), (OutcomeKind::Conflict, "memory"));
@@ -739,5 +754,106 @@ async fn rows_stored_under_fingerprint_v1_are_judged_by_their_columns() {
     assert_eq!(
         store.position("acct-v1", "MSFT").await.unwrap(),
         Some(dec("5"))
+    );
+}
+
+/// A processor on `server` with the `retry` policy: an event that reaches an
+/// unreachable guard is answered `retry`, so an answer given while Redis is
+/// down can only come from the cache of finished orders.
+fn retry_policy_processor(
+    server: &RedisServer,
+    store: Arc<SqliteStore>,
+    cache_bytes: u64,
+) -> Processor {
+    let mut settings = ProcessorSettings {
+        on_guard_unavailable: GuardPolicy::Retry,
+        ..ProcessorSettings::default()
+    };
+    settings.finished_cache.max_bytes = cache_bytes;
+    Processor::new(
+        common::redis_guard(server, redis_settings()),
+        store,
+        settings,
+    )
+}
+
+#[tokio::test]
+async fn a_finished_order_redelivered_is_answered_from_the_cache_without_redis() {
+    let mut server = RedisServer::start();
+    let (store, _dir) = common::sqlite_store().await;
+    let p = retry_policy_processor(&server, store.clone(), 1 << 20);
+    let (id, account) = (unique_id("cached"), unique_id("acct"));
+    let order = order_data(&id, "buy", "MSFT", "4", &account);
+    let first = p.process_event(&eg_event(order.clone())).await;
+    assert_eq!(
+        (first.outcome, first.guard),
+        (OutcomeKind::Executed, "redis")
+    );
+    // With Redis gone, only the cache can tell this is a duplicate.
+    server.stop();
+    let again = p.process_event(&eg_event(order.clone())).await;
+    assert_eq!(
+        (again.outcome, again.guard),
+        (OutcomeKind::Duplicate, "cache")
+    );
+    // Other content under the same id: a conflict, stored with both
+    // fingerprints, with no Redis either.
+    let other = order_data(&id, "buy", "MSFT", "5", &account);
+    let conflict = p.process_event(&eg_event(other)).await;
+    assert_eq!(
+        (conflict.outcome, conflict.guard),
+        (OutcomeKind::Conflict, "cache")
+    );
+    let rows = store.rejections(Some(&id)).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let fp = Order::from_data(&order).unwrap().fingerprint().to_string();
+    assert_eq!(rows[0].existing_fingerprint.as_deref(), Some(fp.as_str()));
+    assert_eq!(p.counters().cache_hits, 2);
+    assert_eq!(
+        store.position(&account, "MSFT").await.unwrap(),
+        Some(dec("4")),
+        "executed once"
+    );
+}
+
+#[tokio::test]
+async fn with_the_cache_off_a_redelivery_asks_redis() {
+    let mut server = RedisServer::start();
+    let (store, _dir) = common::sqlite_store().await;
+    let p = retry_policy_processor(&server, store, 0);
+    let order = order_data(&unique_id("uncached"), "buy", "MSFT", "1", "a");
+    assert_eq!(
+        p.process_event(&eg_event(order.clone())).await.outcome,
+        OutcomeKind::Executed
+    );
+    server.stop();
+    let again = p.process_event(&eg_event(order)).await;
+    assert_eq!(again.outcome, OutcomeKind::Retry, "{again:?}");
+    assert_eq!(p.counters().cache_hits, 0);
+}
+
+/// Only a finished order is remembered: an `in_progress` answer (another
+/// worker's reservation, no row yet) must not make the next delivery a
+/// duplicate.
+#[tokio::test]
+async fn an_order_answered_in_progress_is_not_remembered() {
+    let (store, _dir) = common::sqlite_store().await;
+    let guard = common::memory_guard();
+    let p = Processor::new(guard.clone(), store.clone(), ProcessorSettings::default());
+    let id = unique_id("held");
+    let order = eg_event(order_data(&id, "buy", "MSFT", "2", "acct-held"));
+    let order_guard::guard::Acquisition::Acquired(token) = guard.acquire(&id).await else {
+        panic!("a fresh id must be acquired");
+    };
+    assert_eq!(
+        p.process_event(&order).await.outcome,
+        OutcomeKind::InProgress
+    );
+    assert!(guard.release(&id, &token).await.unwrap());
+    let o = p.process_event(&order).await;
+    assert_eq!((o.outcome, o.guard), (OutcomeKind::Executed, "memory"));
+    assert_eq!(
+        store.order(&id).await.unwrap().map(|r| r.status),
+        Some(OrderStatus::Executed)
     );
 }

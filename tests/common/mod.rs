@@ -606,6 +606,17 @@ pub fn processor(guard: Arc<dyn IdempotencyGuard>, store: Arc<dyn OrderStore>) -
     Arc::new(Processor::new(guard, store, ProcessorSettings::default()))
 }
 
+/// A processor with its cache of finished orders off: for tests of what the
+/// guard and the store decide, which a cache hit would answer first.
+pub fn processor_without_cache(
+    guard: Arc<dyn IdempotencyGuard>,
+    store: Arc<dyn OrderStore>,
+) -> Arc<Processor> {
+    let mut settings = ProcessorSettings::default();
+    settings.finished_cache.max_bytes = 0;
+    Arc::new(Processor::new(guard, store, settings))
+}
+
 /// A process stopped with SIGSTOP, resumed (SIGCONT) when this is dropped,
 /// so an assertion that fails meanwhile cannot leave it hung.
 pub struct Paused(u32);
