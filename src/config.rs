@@ -206,7 +206,7 @@ impl Config {
         };
         // This instance's cache of finished orders: bounded in bytes, and
         // never trusted longer than COMPLETADA is kept.
-        let cache_mb = num("ORDER_CACHE_MB", 16, 0, 4_096)?;
+        let cache_mb = num("ORDER_CACHE_MB", 64, 0, 4_096)?;
         let cache_ttl = num(
             "ORDER_CACHE_TTL_SECONDS",
             3_600.min(completed_ttl),
@@ -481,7 +481,7 @@ mod tests {
         assert_eq!(
             c.processor.finished_cache,
             FinishedCacheSettings {
-                max_bytes: 16 * 1024 * 1024,
+                max_bytes: 64 * 1024 * 1024,
                 ttl: Duration::from_secs(3_600)
             }
         );
