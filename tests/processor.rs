@@ -34,10 +34,7 @@ async fn with_redis() -> (
     RedisServer,
     tempfile::TempDir,
 ) {
-    let server = RedisServer::start();
-    let (store, dir) = common::sqlite_store().await;
-    let guard = common::redis_guard(&server, redis_settings());
-    (common::processor(guard, store.clone()), store, server, dir)
+    on_redis(common::processor).await
 }
 
 /// The same with the processor's cache of finished orders off: every
@@ -48,11 +45,21 @@ async fn with_redis_uncached() -> (
     RedisServer,
     tempfile::TempDir,
 ) {
+    on_redis(common::processor_without_cache).await
+}
+
+async fn on_redis(
+    make: fn(Arc<dyn IdempotencyGuard>, Arc<dyn OrderStore>) -> Arc<Processor>,
+) -> (
+    Arc<Processor>,
+    Arc<SqliteStore>,
+    RedisServer,
+    tempfile::TempDir,
+) {
     let server = RedisServer::start();
     let (store, dir) = common::sqlite_store().await;
     let guard = common::redis_guard(&server, redis_settings());
-    let p = common::processor_without_cache(guard, store.clone());
-    (p, store, server, dir)
+    (make(guard, store.clone()), store, server, dir)
 }
 
 /// 64 concurrent deliveries of one order; redeliver every `in_progress` the
