@@ -3,7 +3,8 @@
 //!
 //! Data flows one way (see `docs/architecture.md`):
 //! [`host`] → [`event`] → [`order`] → [`processor`] → [`guard`] / [`store`];
-//! the processor performs the steps that [`decision`] (pure) chooses.
+//! the processor performs the steps that [`decision`] (pure) chooses;
+//! [`position`] is the exact arithmetic of positions (pure) the stores apply.
 //! [`config`] reads the environment; [`app`] wires the pieces together for the
 //! binary's commands.
 
@@ -15,5 +16,6 @@ pub mod faults;
 pub mod guard;
 pub mod host;
 pub mod order;
+pub mod position;
 pub mod processor;
 pub mod store;
