@@ -25,6 +25,7 @@
 //!          ├─ other content ──────────────────────► StoreConflict
 //!          └─ failed ─────────────────────────────► Release → retry
 //! Execute ─┬─ executed / already done ────────────► MarkCompleted → executed / duplicate
+//!          ├─ rejected (position overflow, stored) ► MarkCompleted → rejected
 //!          └─ failed ─────────────────────────────► Release → retry
 //! StoreConflict ─ stored / failed ────────────────► Release → conflict / retry
 //! ```
@@ -113,7 +114,9 @@ pub enum Step {
     ReadRow,
     /// Insert the order `Received` under the unique index.
     Accept,
-    /// Move `Received → Executed` with its position effect, once.
+    /// Move `Received → Executed` with its position effect, once (or
+    /// `Received → Rejected`, stored with its reason, when the position
+    /// would overflow).
     Execute,
     /// Write `COMPLETADA` with this store's marker (its failure changes nothing:
     /// the store already holds the truth).
@@ -142,6 +145,9 @@ pub enum Why {
     Conflict,
     /// Another order uses this id, and storing the conflict failed.
     ConflictNotStored,
+    /// The store refused the order (its position would overflow) and kept
+    /// it `Rejected` with the reason, in one transaction.
+    Refused,
 }
 
 /// What a step answered.
@@ -251,6 +257,11 @@ impl Decision {
             },
             (Step::Execute, Reply::Executed(Execution::Executed)) => self.finish(K::Executed),
             (Step::Execute, Reply::Executed(Execution::AlreadyDone)) => self.finish(K::Duplicate),
+            // Terminal and stored like an executed order: marked completed,
+            // so a redelivery is a duplicate.
+            (Step::Execute, Reply::Executed(Execution::Rejected(_))) => {
+                self.finish_because(K::Rejected, Why::Refused)
+            }
             (Step::Accept | Step::Execute, Reply::Failed) => {
                 self.release_then(K::Retry, Why::StoreFailed)
             }
@@ -279,11 +290,16 @@ impl Decision {
     /// The work is done (durable in the store): mark it in the guard when
     /// the guard is in use, then answer.
     fn finish(&mut self, kind: OutcomeKind) -> Step {
-        self.answer = Some((kind, Why::Done));
+        self.finish_because(kind, Why::Done)
+    }
+
+    /// [`Decision::finish`] with the answer's reason.
+    fn finish_because(&mut self, kind: OutcomeKind, why: Why) -> Step {
+        self.answer = Some((kind, why));
         if self.use_guard {
             Step::MarkCompleted
         } else {
-            Step::Answer(kind, Why::Done)
+            Step::Answer(kind, why)
         }
     }
 
@@ -439,6 +455,44 @@ mod tests {
                 Step::MarkCompleted,
                 Step::Answer(OutcomeKind::Executed, Why::Done)
             ]
+        );
+    }
+
+    #[test]
+    fn a_refused_execution_is_marked_completed_and_answered_rejected() {
+        use crate::position::{Overflow, Position};
+        let overflow = Overflow {
+            current: Position::ZERO,
+            change: Position::ZERO,
+        };
+        let steps = run(
+            P,
+            &[
+                Reply::Acquired { taken_over: false },
+                Reply::Admitted(Admission::Resumed),
+                Reply::Executed(Execution::Rejected(overflow)),
+                Reply::Done,
+            ],
+        );
+        assert_eq!(
+            &steps[3..],
+            [
+                Step::MarkCompleted,
+                Step::Answer(OutcomeKind::Rejected, Why::Refused)
+            ]
+        );
+        // Without the guard: answered at once.
+        let steps = run(
+            P,
+            &[
+                Reply::GuardUnavailable,
+                Reply::Admitted(Admission::New),
+                Reply::Executed(Execution::Rejected(overflow)),
+            ],
+        );
+        assert_eq!(
+            steps.last(),
+            Some(&Step::Answer(OutcomeKind::Rejected, Why::Refused))
         );
     }
 

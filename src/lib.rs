@@ -4,7 +4,8 @@
 //! Data flows one way (see `docs/architecture.md`):
 //! [`host`] → [`event`] → [`order`] → [`processor`] → [`guard`] / [`store`];
 //! the processor performs the steps that [`decision`] (pure) chooses, and
-//! keeps [`finished`], this instance's cache of finished orders.
+//! keeps [`finished`], this instance's cache of finished orders;
+//! [`position`] is the exact arithmetic of positions (pure) the stores apply.
 //! [`config`] reads the environment; [`app`] wires the pieces together for the
 //! binary's commands.
 
@@ -17,5 +18,6 @@ pub mod finished;
 pub mod guard;
 pub mod host;
 pub mod order;
+pub mod position;
 pub mod processor;
 pub mod store;

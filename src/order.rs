@@ -21,6 +21,25 @@ pub const MAX_SCALE: u32 = 10;
 /// Most digits before the decimal point (28 - 10).
 pub const MAX_INTEGER_DIGITS: usize = 18;
 
+/// Every field an order (`data`) may hold, exactly as spelled here (names
+/// are case-sensitive, without aliases). Any other field is refused: a field
+/// this version does not know (`orderType`, `stopPrice`) would otherwise be
+/// ignored, and two orders differing only in it would be taken for one.
+pub const ORDER_FIELDS: [&str; 8] = [
+    "orderId",
+    "accountId",
+    "side",
+    "symbol",
+    "quantity",
+    "limitPrice",
+    "currency",
+    "placedAt",
+];
+
+/// Most unknown field names one refusal names (each shown at most
+/// [`crate::event::MAX_SHOWN_ID`] characters long).
+const MAX_NAMED_UNKNOWN: usize = 5;
+
 /// Buy or sell. A buy adds to the position, a sell takes from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -136,6 +155,7 @@ impl Order {
                 json_kind(data)
             ))
         })?;
+        refuse_unknown_fields(obj)?;
         let order_id = required_id(obj, "orderId")?;
         let account_id = required_id(obj, "accountId")?;
         let side = match obj.get("side") {
@@ -346,6 +366,34 @@ pub fn probable_order_id(data: &Value) -> Option<String> {
         Some(Value::String(s)) if valid_id(s).is_ok() => Some(s.trim().to_string()),
         _ => None,
     }
+}
+
+/// Refuse a payload holding any field outside [`ORDER_FIELDS`], whatever its
+/// value (`null` too: only a documented optional field's `null` means
+/// "absent"). The reason names the fields (a bounded number, each bounded)
+/// and lists those this version accepts.
+fn refuse_unknown_fields(obj: &Map<String, Value>) -> Result<(), InvalidOrder> {
+    let unknown: Vec<&String> = obj
+        .keys()
+        .filter(|k| !ORDER_FIELDS.contains(&k.as_str()))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let mut named = unknown
+        .iter()
+        .take(MAX_NAMED_UNKNOWN)
+        .map(|k| format!("{:?}", crate::event::shown(k)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if unknown.len() > MAX_NAMED_UNKNOWN {
+        named.push_str(&format!(" and {} more", unknown.len() - MAX_NAMED_UNKNOWN));
+    }
+    Err(InvalidOrder(format!(
+        "unknown field{} {named} in the order; this version accepts only {} (names are case-sensitive); not executed",
+        if unknown.len() == 1 { "" } else { "s" },
+        ORDER_FIELDS.join(", ")
+    )))
 }
 
 fn required_id(obj: &Map<String, Value>, field: &str) -> Result<String, InvalidOrder> {
@@ -1009,6 +1057,83 @@ mod tests {
             assert_eq!(a.quantity, b.quantity, "{text}");
             assert_eq!(a.fingerprint(), b.fingerprint(), "{text}");
         }
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_naming_them() {
+        let accepts = "this version accepts only orderId, accountId, side, symbol, quantity, limitPrice, currency, placedAt (names are case-sensitive); not executed";
+        for (field, value) in [
+            ("orderType", json!("stop")),
+            ("stopPrice", json!(420.5)),
+            ("stopPrice", Value::Null),
+            ("OrderId", json!("o-1")),
+            ("LimitPrice", json!(431.15)),
+            ("limitprice", json!(431.15)),
+            ("quantity ", json!(25)),
+            ("", json!(1)),
+        ] {
+            assert_eq!(
+                refused(field, value),
+                format!("unknown field {field:?} in the order; {accepts}"),
+            );
+        }
+        // Several are named, in the order serde_json keeps them (sorted).
+        let mut two = base();
+        two["stopPrice"] = json!(1);
+        two["orderType"] = json!("stop");
+        assert_eq!(
+            order(two).unwrap_err().0,
+            format!("unknown fields \"orderType\", \"stopPrice\" in the order; {accepts}")
+        );
+        // Bounded: at most five names, each at most 128 characters.
+        let mut many = base();
+        for i in 0..7 {
+            many[format!("x{i}{}", "n".repeat(300))] = json!(i);
+        }
+        let e = order(many).unwrap_err().0;
+        assert!(
+            e.ends_with(&format!(" and 2 more in the order; {accepts}")),
+            "{e}"
+        );
+        assert!(e.len() < 5 * 140 + 300, "{} bytes", e.len());
+        assert!(e.contains(&format!("\"x0{}…\"", "n".repeat(126))), "{e}");
+    }
+
+    #[test]
+    fn documented_fields_keep_their_meaning() {
+        // An explicit null of an optional field still means absent.
+        let mut nulls = base();
+        for f in ["limitPrice", "currency", "placedAt"] {
+            nulls[f] = Value::Null;
+        }
+        let o = order(nulls).unwrap();
+        assert_eq!(
+            (o.limit_price, o.currency.as_deref(), o.placed_at.as_deref()),
+            (None, None, None)
+        );
+        let mut absent = base();
+        for f in ["limitPrice", "currency"] {
+            absent.as_object_mut().unwrap().remove(f);
+        }
+        assert_eq!(order(absent).unwrap().fingerprint(), o.fingerprint());
+        // What the Functions host makes of an order (Newtonsoft: dates with
+        // seven fraction digits, numbers through doubles) is still accepted,
+        // every field of it known, and the same order.
+        let sent = parsed(
+            r#"{"orderId":"o-1","accountId":"a-1","side":"buy","symbol":"msft","quantity":0.000001,"limitPrice":431.15,"currency":"usd","placedAt":"2025-06-14T11:30:02.118+02:00"}"#,
+        );
+        let hosted = parsed(
+            r#"{"orderId":"o-1","accountId":"a-1","side":"buy","symbol":"msft","quantity":1E-06,"limitPrice":431.15,"currency":"usd","placedAt":"2025-06-14T09:30:02.1180000Z"}"#,
+        );
+        assert_eq!(
+            order(sent).unwrap().fingerprint(),
+            order(hosted).unwrap().fingerprint()
+        );
+        // Every documented field at once is accepted.
+        let mut all = base();
+        all["placedAt"] = json!("2025-06-14T09:30:02Z");
+        assert_eq!(all.as_object().unwrap().len(), ORDER_FIELDS.len());
+        order(all).unwrap();
     }
 
     #[test]

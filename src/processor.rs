@@ -33,7 +33,7 @@ use crate::faults;
 use crate::finished::{FinishedCacheSettings, FinishedOrders};
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
 use crate::order::{probable_order_id, Order};
-use crate::store::{Admission, OrderStore, Rejection, RejectionKind, StoreError};
+use crate::store::{Admission, Execution, OrderStore, Rejection, RejectionKind, StoreError};
 
 /// One event's result, as the host and `replay` report it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -467,7 +467,8 @@ impl Processor {
     async fn execute(&self, w: &Work<'_>, facts: &mut Facts) -> Reply {
         let executed = self
             .by_deadline(w, async {
-                let execution = self.store.execute(&w.order).await?;
+                let raw = w.raw.to_string();
+                let execution = self.store.execute(&w.order, w.event_id, &raw).await?;
                 // The store committed: a fault here is a commit whose answer was lost.
                 fail_point!(faults::BEFORE_COMPLETE, |arg| Err(fault(
                     faults::BEFORE_COMPLETE,
@@ -477,7 +478,12 @@ impl Processor {
             })
             .await;
         match executed {
-            Ok(execution) => Reply::Executed(execution),
+            Ok(execution) => {
+                if let Execution::Rejected(overflow) = &execution {
+                    facts.failure = Some(overflow.reason(&w.order.account_id, &w.order.symbol));
+                }
+                Reply::Executed(execution)
+            }
             Err(e) => {
                 facts.failure = Some(e.to_string());
                 Reply::Failed
@@ -539,6 +545,7 @@ impl Processor {
                 facts.existing.as_deref().unwrap_or(""),
             )),
             Why::ConflictNotStored => Some(format!("conflict not stored ({failure}); will retry")),
+            Why::Refused => Some(failure.to_string()),
         };
         self.outcome(w, kind, reason, facts.guard_label)
     }

@@ -173,6 +173,32 @@ fn poison_cases() -> Vec<Poison> {
             Some(json!("Infinity")),
             "limitPrice \"Infinity\": is not a decimal number",
         ),
+        // Fields outside the documented set are refused (issue 10, point 3):
+        // names are exact, no alias, whatever the value (null too).
+        (
+            "unknown field orderType",
+            "orderType",
+            Some(json!("stop")),
+            "unknown field \"orderType\" in the order; this version accepts only orderId, accountId, side, symbol, quantity, limitPrice, currency, placedAt (names are case-sensitive)",
+        ),
+        (
+            "unknown field stopPrice as the host writes a double",
+            "stopPrice",
+            Some(number("4.2E+2")),
+            "unknown field \"stopPrice\" in the order",
+        ),
+        (
+            "unknown field that is null",
+            "stopPrice",
+            Some(Value::Null),
+            "unknown field \"stopPrice\" in the order",
+        ),
+        (
+            "documented field in another letter case",
+            "LimitPrice",
+            Some(json!(431.15)),
+            "unknown field \"LimitPrice\" in the order",
+        ),
     ];
     for (name, field, value, reason) in field_cases {
         let eid = next_id();
@@ -184,6 +210,16 @@ fn poison_cases() -> Vec<Poison> {
             row: Row::EventId(eid),
         });
     }
+    // A 10 KB unknown field name is named cut to 128 characters.
+    let eid = next_id();
+    let mut long_name = data_with(&format!("ord-{eid}"), "side", Some(json!("buy")));
+    long_name[format!("x{}", "y".repeat(10 * 1024))] = json!(1);
+    cases.push(Poison {
+        name: "10 KB unknown field name",
+        trigger: event(&eid, long_name),
+        reason: "yyyyyyyyyyyyyyyyyyyyyyy…\" in the order; this version accepts only",
+        row: Row::EventId(eid),
+    });
     // Envelope-level problems.
     let eid = next_id();
     let mut no_data = event(&eid, json!({}));

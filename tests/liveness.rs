@@ -29,7 +29,7 @@ async fn a_held_reservation_never_blocks_an_order_that_is_already_done() {
     let order = Order::from_data(&data).unwrap();
     // The dead worker: reserved, accepted and executed, then killed.
     store.accept(&order, "e-first").await.unwrap();
-    store.execute(&order).await.unwrap();
+    store.execute(&order, "e", "{}").await.unwrap();
     let key = GuardSettings::default().key(&id);
     redis.cmd(&["SET", &key, "PROCESANDO:dead-worker-token", "EX", "300"]);
 

@@ -3,24 +3,23 @@
 
 mod common;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use order_guard::guard::{GuardSettings, IdempotencyGuard};
 use order_guard::order::{Order, OrderStatus};
+use order_guard::position::Position;
 use order_guard::processor::{GuardPolicy, OutcomeKind, Processor, ProcessorSettings};
 use order_guard::store::{
     Admission, Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, SqliteStore,
     StoreError,
 };
-use rust_decimal::Decimal;
 use serde_json::{json, Value};
 
 use common::{eg_event, order_data, unique_id, RedisServer};
 
-fn dec(s: &str) -> Decimal {
-    Decimal::from_str(s).unwrap()
+fn pos(s: &str) -> Position {
+    s.parse().unwrap()
 }
 
 fn redis_settings() -> GuardSettings {
@@ -102,7 +101,7 @@ async fn sixty_four_concurrent_deliveries_execute_once_with_redis() {
     assert_eq!(count(&outcomes, OutcomeKind::Duplicate), 63, "{outcomes:?}");
     assert_eq!(
         store.position(&account, "MSFT").await.unwrap(),
-        Some(dec("25"))
+        Some(pos("25"))
     );
     let row = store.order(&id).await.unwrap().unwrap();
     assert_eq!(row.status, OrderStatus::Executed);
@@ -129,7 +128,7 @@ async fn sixty_four_concurrent_deliveries_execute_once_with_memory_guard() {
     assert_eq!(count(&outcomes, OutcomeKind::Executed), 1, "{outcomes:?}");
     assert_eq!(
         store.position(&account, "MSFT").await.unwrap(),
-        Some(dec("-2.5"))
+        Some(pos("-2.5"))
     );
 }
 
@@ -160,7 +159,7 @@ async fn duplicates_after_completion_are_answered_by_the_guard_alone() {
         .unwrap();
     assert_eq!(
         store.position(&account, "MSFT").await.unwrap(),
-        Some(dec("10"))
+        Some(pos("10"))
     );
 }
 
@@ -192,7 +191,7 @@ async fn a_different_order_reusing_an_id_is_a_stored_conflict() {
     }
     assert_eq!(
         store.position(&account, "MSFT").await.unwrap(),
-        Some(dec("10"))
+        Some(pos("10"))
     );
     // The conflicting delivery left no reservation behind.
     assert_eq!(server.get(&format!("orden:{{{id}}}")), None);
@@ -239,7 +238,7 @@ async fn redis_down_still_executes_exactly_once_through_the_unique_index() {
     assert_eq!(count(&outcomes, OutcomeKind::Duplicate), 31, "{outcomes:?}");
     assert_eq!(
         store.position(&account, "MSFT").await.unwrap(),
-        Some(dec("7"))
+        Some(pos("7"))
     );
     assert!(p.counters().guard_unavailable >= 32);
 }
@@ -308,7 +307,7 @@ async fn a_row_left_received_by_a_crashed_worker_is_resumed_once() {
     assert_eq!(o.outcome, OutcomeKind::Executed);
     let row = store.order(&id).await.unwrap().unwrap();
     assert_eq!((row.status, row.attempts), (OrderStatus::Executed, 2));
-    assert_eq!(store.position(&account, "X").await.unwrap(), Some(dec("4")));
+    assert_eq!(store.position(&account, "X").await.unwrap(), Some(pos("4")));
     // The guard is lost after completion (failover, flush): the store still says duplicate.
     server.cmd(&["FLUSHALL"]);
     assert_eq!(
@@ -320,7 +319,7 @@ async fn a_row_left_received_by_a_crashed_worker_is_resumed_once() {
         Some("COMPLETADA"),
         "guard refreshed"
     );
-    assert_eq!(store.position(&account, "X").await.unwrap(), Some(dec("4")));
+    assert_eq!(store.position(&account, "X").await.unwrap(), Some(pos("4")));
 }
 
 #[tokio::test]
@@ -394,7 +393,7 @@ async fn two_processors_sharing_redis_and_a_file_execute_once() {
     let store = SqliteStore::open(&path, Duration::from_secs(5)).unwrap();
     assert_eq!(
         store.position(&account, "X").await.unwrap(),
-        Some(dec("20"))
+        Some(pos("20"))
     );
 }
 
@@ -511,7 +510,12 @@ impl OrderStore for ExecuteFails {
     async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError> {
         self.0.accept(order, event_id).await
     }
-    async fn execute(&self, _order: &Order) -> Result<Execution, StoreError> {
+    async fn execute(
+        &self,
+        _order: &Order,
+        _event_id: &str,
+        _raw_event: &str,
+    ) -> Result<Execution, StoreError> {
         Err(StoreError::Transient("execute is failing".into()))
     }
     async fn reject(&self, rejection: &Rejection) -> Result<(), StoreError> {
@@ -524,7 +528,7 @@ impl OrderStore for ExecuteFails {
         &self,
         account_id: &str,
         symbol: &str,
-    ) -> Result<Option<Decimal>, StoreError> {
+    ) -> Result<Option<Position>, StoreError> {
         self.0.position(account_id, symbol).await
     }
     async fn rejections(&self, order_id: Option<&str>) -> Result<Vec<RejectedRecord>, StoreError> {
@@ -565,7 +569,7 @@ async fn an_executed_order_is_a_duplicate_without_another_execution() {
     assert_eq!((row.status, row.attempts), (OrderStatus::Executed, 1));
     assert_eq!(
         store.position(&account, "MSFT").await.unwrap(),
-        Some(dec("10"))
+        Some(pos("10"))
     );
     // The same restarted processor cannot execute a new order: its execute
     // path really is failing.
@@ -681,7 +685,7 @@ async fn one_instant_written_three_ways_is_one_order() {
     );
     assert_eq!(
         store.position("acct-i", "MSFT").await.unwrap(),
-        Some(dec("5"))
+        Some(pos("5"))
     );
     assert_eq!(store.rejections(Some(&id)).await.unwrap(), vec![]);
 }
@@ -760,7 +764,105 @@ async fn rows_stored_under_fingerprint_v1_are_judged_by_their_columns() {
     // One resumed execution in all: the position holds it once.
     assert_eq!(
         store.position("acct-v1", "MSFT").await.unwrap(),
-        Some(dec("5"))
+        Some(pos("5"))
+    );
+}
+
+/// An order that would take its position beyond DECIMAL(38,10) is answered
+/// `rejected` with the reason, kept `Rejected` with the event stored (one
+/// transaction), never executed nor rounded; its redeliveries are
+/// duplicates, by the guard or, once the guard forgot, by the store.
+#[tokio::test]
+async fn an_order_overflowing_its_position_is_rejected_with_a_stored_reason() {
+    let (store, dir) = common::sqlite_store().await;
+    let p = common::processor(common::memory_guard(), store.clone());
+    let account = unique_id("acct");
+    let top = "9999999999999999999999999999";
+    // No order can get there (10^10 of the largest): seeded in the file.
+    rusqlite::Connection::open(dir.path().join("orders.db"))
+        .unwrap()
+        .execute(
+            "INSERT INTO Positions (AccountId, Symbol, Quantity, UpdatedAt)
+             VALUES (?1, 'MSFT', ?2, 'seeded')",
+            [account.as_str(), top],
+        )
+        .unwrap();
+    let id = unique_id("ord");
+    let event = eg_event(order_data(
+        &id,
+        "buy",
+        "MSFT",
+        "999999999999999999",
+        &account,
+    ));
+    let first = p.process_event(&event).await;
+    assert_eq!(first.outcome, OutcomeKind::Rejected, "{first:?}");
+    let reason = first.reason.clone().unwrap();
+    assert!(
+        reason.starts_with(&format!(
+            "position overflow: the order would take the position of account {account:?} in \"MSFT\" from {top} to 10000000000999999999999999998, beyond DECIMAL(38,10)"
+        )),
+        "{reason}"
+    );
+    let row = store.order(&id).await.unwrap().unwrap();
+    assert_eq!(row.status, OrderStatus::Rejected);
+    assert_eq!(
+        store.position(&account, "MSFT").await.unwrap(),
+        Some(pos(top))
+    );
+    let stored = store.rejections(Some(&id)).await.unwrap();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(
+        (stored[0].kind.as_str(), stored[0].reason.as_str()),
+        ("poison", reason.as_str())
+    );
+    assert_eq!(stored[0].raw_event, event.to_string());
+    assert_eq!(
+        p.process_event(&event).await.outcome,
+        OutcomeKind::Duplicate
+    );
+    let restarted = common::processor(common::memory_guard(), store.clone());
+    assert_eq!(
+        restarted.process_event(&event).await.outcome,
+        OutcomeKind::Duplicate
+    );
+    assert_eq!(store.rejections(Some(&id)).await.unwrap().len(), 1);
+    assert_eq!(
+        store.position(&account, "MSFT").await.unwrap(),
+        Some(pos(top))
+    );
+    assert_eq!(p.counters().rejected, 1);
+}
+
+/// A field outside the documented set is refused and stored, never
+/// executed: a producer adding `orderType` does not see a different order
+/// taken for a duplicate of the first (issue 10, point 3).
+#[tokio::test]
+async fn an_order_with_an_unknown_field_is_rejected_and_stored() {
+    let (store, _dir) = common::sqlite_store().await;
+    let p = common::processor(common::memory_guard(), store.clone());
+    let account = unique_id("acct");
+    let id = unique_id("ord");
+    let plain = eg_event(order_data(&id, "buy", "MSFT", "5", &account));
+    assert_eq!(p.process_event(&plain).await.outcome, OutcomeKind::Executed);
+    let mut stop = order_data(&id, "buy", "MSFT", "5", &account);
+    stop["orderType"] = json!("stop");
+    let stop = eg_event(stop);
+    let o = p.process_event(&stop).await;
+    assert_eq!(o.outcome, OutcomeKind::Rejected, "{o:?}");
+    assert!(
+        o.reason
+            .as_deref()
+            .unwrap()
+            .starts_with("invalid order: unknown field \"orderType\" in the order;"),
+        "{o:?}"
+    );
+    let stored = store.rejections(Some(&id)).await.unwrap();
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0].raw_event, stop.to_string());
+    assert_eq!(
+        store.position(&account, "MSFT").await.unwrap(),
+        Some(pos("5"))
     );
 }
 

@@ -458,7 +458,7 @@ async fn nothing_is_read_or_written_before_the_schema_is_verified() {
     let logins = fake.login_count();
     for e in [
         store.accept(&order(), "e1").await.unwrap_err(),
-        store.execute(&order()).await.unwrap_err(),
+        store.execute(&order(), "e", "{}").await.unwrap_err(),
         store.order("o-1").await.unwrap_err(),
     ] {
         match e {

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use order_guard::order::{Order, OrderStatus};
+use order_guard::position::Position;
 use order_guard::store::sqlserver::classify;
 use order_guard::store::sqlserver::pool::Client;
 use order_guard::store::{Admission, Execution, OrderStore, SqlServerStore, StoreError};
-use rust_decimal::Decimal;
 use serde_json::json;
 
 use common::unique_id;
@@ -37,7 +37,7 @@ fn order(account: &str, qty: &str) -> Order {
     .unwrap()
 }
 
-fn dec(s: &str) -> Decimal {
+fn pos(s: &str) -> Position {
     s.parse().unwrap()
 }
 
@@ -49,7 +49,7 @@ async fn batch(client: &mut Client, sql: &str) -> Result<(), tiberius::error::Er
 }
 
 /// What a fresh store (new connections) reads: the committed truth.
-async fn committed(cs: &str, o: &Order) -> (OrderStatus, Option<Decimal>) {
+async fn committed(cs: &str, o: &Order) -> (OrderStatus, Option<Position>) {
     let store = common::mssql_store(cs, Duration::from_secs(20)).await;
     let row = store.order(&o.order_id).await.unwrap().expect("order row");
     let position = store.position(&o.account_id, &o.symbol).await.unwrap();
@@ -72,7 +72,7 @@ async fn a_commit_that_fails_or_leaves_the_transaction_open_is_never_answered_ex
             &format!("return({fault})"),
         )
         .unwrap();
-        let answer = store.execute(&o).await;
+        let answer = store.execute(&o, "e", "{}").await;
         fail::remove(order_guard::faults::SQLSERVER_COMMIT);
         match answer {
             Err(StoreError::Permanent(_) | StoreError::Transient(_)) => {}
@@ -82,16 +82,22 @@ async fn a_commit_that_fails_or_leaves_the_transaction_open_is_never_answered_ex
         // which rolled it back: the order is still to do, the position untouched.
         assert_eq!(
             committed(&cs, &o).await,
-            (OrderStatus::Received, Some(Decimal::ZERO)),
+            (OrderStatus::Received, Some(Position::ZERO)),
             "COMMIT fault {fault}: the effect must not be committed"
         );
         // The pool holds no connection with a transaction open: the retry
         // executes the order, once.
-        assert_eq!(store.execute(&o).await.unwrap(), Execution::Executed);
-        assert_eq!(store.execute(&o).await.unwrap(), Execution::AlreadyDone);
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::Executed
+        );
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::AlreadyDone
+        );
         assert_eq!(
             committed(&cs, &o).await,
-            (OrderStatus::Executed, Some(dec("7"))),
+            (OrderStatus::Executed, Some(pos("7"))),
             "COMMIT fault {fault}"
         );
     }
@@ -110,12 +116,12 @@ async fn a_connection_cut_inside_the_transaction_is_rolled_back_and_retried_once
     // The first attempt's connection is cut before its COMMIT; the store
     // retries once on a new connection, where the order is still `Received`.
     fail::cfg(order_guard::faults::SQLSERVER_COMMIT, "1*return(cut)").unwrap();
-    let answer = store.execute(&o).await;
+    let answer = store.execute(&o, "e", "{}").await;
     fail::remove(order_guard::faults::SQLSERVER_COMMIT);
     assert_eq!(answer.unwrap(), Execution::Executed);
     assert_eq!(
         committed(&cs, &o).await,
-        (OrderStatus::Executed, Some(dec("3"))),
+        (OrderStatus::Executed, Some(pos("3"))),
         "executed exactly once"
     );
 }
@@ -130,7 +136,7 @@ async fn a_statement_timeout_inside_the_transaction_is_retry_and_takes_no_effect
     let account = unique_id("acct");
     let first = order(&account, "1");
     store.accept(&first, "e").await.unwrap();
-    store.execute(&first).await.unwrap();
+    store.execute(&first, "e", "{}").await.unwrap();
     let o = order(&account, "4");
     store.accept(&o, "e").await.unwrap();
     // Another session holds the position row: the transaction's second
@@ -144,17 +150,20 @@ async fn a_statement_timeout_inside_the_transaction_is_retry_and_takes_no_effect
         )
         .await
         .unwrap();
-    match store.execute(&o).await {
+    match store.execute(&o, "e", "{}").await {
         Err(StoreError::Transient(m)) => assert!(m.contains("SQL_QUERY_TIMEOUT_SECONDS"), "{m}"),
         other => panic!("want a transient timeout, got {other:?}"),
     }
     batch(&mut blocker, "COMMIT TRANSACTION").await.unwrap();
     // The abandoned transaction is rolled back when the server sees its
     // connection gone; the order's row lock makes the retry wait for that.
-    assert_eq!(store.execute(&o).await.unwrap(), Execution::Executed);
+    assert_eq!(
+        store.execute(&o, "e", "{}").await.unwrap(),
+        Execution::Executed
+    );
     assert_eq!(
         committed(&cs, &o).await,
-        (OrderStatus::Executed, Some(dec("5"))),
+        (OrderStatus::Executed, Some(pos("5"))),
         "1 + 4, the timed-out attempt left nothing"
     );
 }
@@ -172,7 +181,7 @@ async fn a_deadlock_is_transient() {
     );
     for o in [&x, &y] {
         store.accept(o, "e").await.unwrap();
-        store.execute(o).await.unwrap();
+        store.execute(o, "e", "{}").await.unwrap();
     }
     let lock = "UPDATE dbo.Positions SET Quantity = Quantity WHERE AccountId = @P1";
     let (mut a, mut b) = (raw_client(&cs).await, raw_client(&cs).await);
@@ -293,7 +302,7 @@ async fn duplicates_from_several_processes_at_once_execute_each_order_once() {
     }
     assert_eq!(
         store.position(&account, "MSFT").await.unwrap(),
-        Some(dec("40")),
+        Some(pos("40")),
         "each of the 20 orders took effect exactly once"
     );
 }
@@ -320,7 +329,9 @@ async fn the_engine_stopped_and_restarted_under_load_loses_nothing() {
             for o in &orders {
                 loop {
                     let done = match store.accept(o, "e").await {
-                        Ok(Admission::New | Admission::Resumed) => store.execute(o).await.is_ok(),
+                        Ok(Admission::New | Admission::Resumed) => {
+                            store.execute(o, "e", "{}").await.is_ok()
+                        }
                         Ok(Admission::AlreadyDone(_)) => true,
                         Ok(Admission::Conflict { .. }) => panic!("conflict for {}", o.order_id),
                         Err(_) => false,
@@ -352,7 +363,7 @@ async fn the_engine_stopped_and_restarted_under_load_loses_nothing() {
     // Every order executed once: the position is the count of orders.
     assert_eq!(
         store.position(&account, "MSFT").await.unwrap(),
-        Some(Decimal::from(orders.len())),
+        Some(Position::from(orders.len() as i64)),
         "after {retries} retries"
     );
     for o in &orders {

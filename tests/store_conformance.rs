@@ -8,6 +8,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use order_guard::order::{Order, OrderStatus};
+use order_guard::position::Position;
 use order_guard::store::{Admission, Execution, OrderStore, Rejection, RejectionKind};
 use rust_decimal::Decimal;
 use serde_json::json;
@@ -26,6 +27,10 @@ fn dec(s: &str) -> Decimal {
     Decimal::from_str(s).unwrap()
 }
 
+fn pos(s: &str) -> Position {
+    s.parse().unwrap()
+}
+
 /// The suite. Each check uses fresh ids, so a shared database is fine.
 mod suite {
     use super::*;
@@ -34,22 +39,28 @@ mod suite {
         let account = unique_id("acct");
         let o = order(&unique_id("ord"), &account, "buy", "25");
         assert_eq!(store.accept(&o, "e1").await.unwrap(), Admission::New);
-        assert_eq!(store.execute(&o).await.unwrap(), Execution::Executed);
-        assert_eq!(store.execute(&o).await.unwrap(), Execution::AlreadyDone);
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::Executed
+        );
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::AlreadyDone
+        );
         let row = store.order(&o.order_id).await.unwrap().unwrap();
         assert_eq!(row.status, OrderStatus::Executed);
         assert_eq!(row.quantity, dec("25"));
         assert!(row.executed_at.is_some());
         assert_eq!(
             store.position(&account, "MSFT").await.unwrap(),
-            Some(dec("25"))
+            Some(pos("25"))
         );
         let sell = order(&unique_id("ord"), &account, "sell", "10.5");
         store.accept(&sell, "e2").await.unwrap();
-        store.execute(&sell).await.unwrap();
+        store.execute(&sell, "e", "{}").await.unwrap();
         assert_eq!(
             store.position(&account, "MSFT").await.unwrap(),
-            Some(dec("14.5"))
+            Some(pos("14.5"))
         );
     }
 
@@ -61,7 +72,7 @@ mod suite {
         // Same order again while Received: a crashed worker's row, resume it.
         assert_eq!(store.accept(&o, "e1").await.unwrap(), Admission::Resumed);
         assert_eq!(store.order(&id).await.unwrap().unwrap().attempts, 2);
-        store.execute(&o).await.unwrap();
+        store.execute(&o, "e", "{}").await.unwrap();
         // Same order after execution: a duplicate.
         assert_eq!(
             store.accept(&o, "e1").await.unwrap(),
@@ -77,7 +88,7 @@ mod suite {
         );
         assert_eq!(
             store.position(&account, "MSFT").await.unwrap(),
-            Some(dec("1"))
+            Some(pos("1"))
         );
     }
 
@@ -91,7 +102,7 @@ mod suite {
                     let a = store.accept(&o, "e").await.unwrap();
                     let e = match a {
                         Admission::New | Admission::Resumed => {
-                            Some(store.execute(&o).await.unwrap())
+                            Some(store.execute(&o, "e", "{}").await.unwrap())
                         }
                         _ => None,
                     };
@@ -110,7 +121,7 @@ mod suite {
         assert_eq!(executed, 1, "exactly one execution takes effect");
         assert_eq!(
             store.position(&account, "MSFT").await.unwrap(),
-            Some(dec("3"))
+            Some(pos("3"))
         );
     }
 
@@ -169,7 +180,10 @@ mod suite {
                 "{}",
                 o.order_id
             );
-            assert_eq!(store.execute(o).await.unwrap(), Execution::Executed);
+            assert_eq!(
+                store.execute(o, "e", "{}").await.unwrap(),
+                Execution::Executed
+            );
         }
         assert_eq!(
             store
@@ -191,12 +205,12 @@ mod suite {
         );
         assert_eq!(
             store.position(&upper.account_id, "MSFT").await.unwrap(),
-            Some(dec("2")),
+            Some(pos("2")),
             "accounts differing in case never share a position"
         );
         assert_eq!(
             store.position(&lower.account_id, "MSFT").await.unwrap(),
-            Some(dec("5"))
+            Some(pos("5"))
         );
     }
 
@@ -220,14 +234,178 @@ mod suite {
             "123456789012345678.0000000001",
         );
         store.accept(&o, "e").await.unwrap();
-        store.execute(&o).await.unwrap();
+        store.execute(&o, "e", "{}").await.unwrap();
         let row = store.order(&o.order_id).await.unwrap().unwrap();
         assert_eq!(row.quantity.to_string(), "123456789012345678.0000000001");
         assert_eq!(row.limit_price, Some(dec("431.15")));
         assert_eq!(
             store.position(&account, "MSFT").await.unwrap(),
-            Some(dec("123456789012345678.0000000001"))
+            Some(pos("123456789012345678.0000000001"))
         );
+    }
+
+    /// Positions are exact to DECIMAL(38,10), beyond the 28-29 digits of a
+    /// 96-bit decimal (issue 10, point 4).
+    pub async fn positions_stay_exact_beyond_28_digits(store: Arc<dyn OrderStore>) {
+        let account = unique_id("acct");
+        for _ in 0..9 {
+            let o = order(
+                &unique_id("ord"),
+                &account,
+                "buy",
+                "999999999999999999.0000000001",
+            );
+            store.accept(&o, "e").await.unwrap();
+            assert_eq!(
+                store.execute(&o, "e", "{}").await.unwrap(),
+                Execution::Executed
+            );
+        }
+        assert_eq!(
+            store.position(&account, "MSFT").await.unwrap(),
+            Some(pos("8999999999999999991.0000000009"))
+        );
+        let account = unique_id("acct");
+        let quantities = std::iter::once("0.0000000002").chain(["999999999999999999"; 8]);
+        for q in quantities {
+            let o = order(&unique_id("ord"), &account, "buy", q);
+            store.accept(&o, "e").await.unwrap();
+            store.execute(&o, "e", "{}").await.unwrap();
+        }
+        assert_eq!(
+            store.position(&account, "MSFT").await.unwrap(),
+            Some(pos("7999999999999999992.0000000002")),
+            "0.0000000002 must not vanish next to eight 999999999999999999"
+        );
+    }
+}
+
+/// What a check needs beyond the store: direct access to its database, for
+/// a state no order can reach (a position near the top of DECIMAL(38,10)
+/// takes 10^10 of the largest orders).
+pub enum Backend {
+    Sqlite(tempfile::TempDir),
+    SqlServer(String),
+}
+
+impl Backend {
+    /// Set (insert) a position row to exactly `quantity`.
+    async fn set_position(&self, account: &str, symbol: &str, quantity: &str) {
+        match self {
+            Backend::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("orders.db")).unwrap();
+                conn.busy_timeout(std::time::Duration::from_secs(5))
+                    .unwrap();
+                conn.execute(
+                    "INSERT INTO Positions (AccountId, Symbol, Quantity, UpdatedAt)
+                     VALUES (?1, ?2, ?3, 'seeded')",
+                    [account, symbol, quantity],
+                )
+                .unwrap();
+            }
+            Backend::SqlServer(cs) => {
+                let mut client = common::mssql_raw_client(cs).await;
+                client
+                    .execute(
+                        "INSERT INTO dbo.Positions (AccountId, Symbol, Quantity, UpdatedAt) \
+                         VALUES (@P1, @P2, CAST(@P3 AS DECIMAL(38, 10)), SYSUTCDATETIME())",
+                        &[&account, &symbol, &quantity],
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+/// The checks that seed state through [`Backend`].
+mod seeded {
+    use super::*;
+
+    /// An order that would take a position beyond DECIMAL(38,10) is
+    /// rejected and stored with its reason, in the transaction that moves it
+    /// to `Rejected`; never rounded, never executed, and only once.
+    pub async fn an_overflowing_order_is_rejected_and_stored(
+        store: Arc<dyn OrderStore>,
+        backend: &Backend,
+    ) {
+        for (side, seed, would_be) in [
+            (
+                "buy",
+                "9999999999999999999999999999.9999999999",
+                "10000000000000000000000000000.9999999999",
+            ),
+            (
+                "sell",
+                "-9999999999999999999999999999",
+                "-10000000000000000000000000000",
+            ),
+        ] {
+            let account = unique_id("acct");
+            backend.set_position(&account, "MSFT", seed).await;
+            assert_eq!(
+                store.position(&account, "MSFT").await.unwrap(),
+                Some(pos(seed)),
+                "a 38-digit position reads back exactly"
+            );
+            let o = order(&unique_id("ord"), &account, side, "1");
+            let raw = json!({"id": "e-overflow", "data": {"orderId": o.order_id}}).to_string();
+            store.accept(&o, "e-overflow").await.unwrap();
+            let Execution::Rejected(overflow) =
+                store.execute(&o, "e-overflow", &raw).await.unwrap()
+            else {
+                panic!("{side} next to {seed} must be rejected");
+            };
+            assert_eq!(overflow.current, pos(seed));
+            assert_eq!(overflow.would_be(), would_be);
+            let row = store.order(&o.order_id).await.unwrap().unwrap();
+            assert_eq!(row.status, OrderStatus::Rejected);
+            assert_eq!(row.executed_at, None);
+            assert_eq!(
+                store.position(&account, "MSFT").await.unwrap(),
+                Some(pos(seed)),
+                "never rounded, never applied"
+            );
+            let stored = store.rejections(Some(&o.order_id)).await.unwrap();
+            assert_eq!(stored.len(), 1, "{stored:?}");
+            assert_eq!(stored[0].kind, "poison");
+            assert_eq!(stored[0].reason, overflow.reason(&account, "MSFT"));
+            assert!(
+                stored[0]
+                    .reason
+                    .contains(&format!(" to {would_be}, beyond DECIMAL(38,10)")),
+                "{}",
+                stored[0].reason
+            );
+            assert_eq!(stored[0].raw_event, raw);
+            assert_eq!(stored[0].fingerprint.as_deref(), Some(o.fingerprint()));
+            // Terminal: a redelivery is a duplicate, nothing more is stored.
+            assert_eq!(
+                store.execute(&o, "e-overflow", &raw).await.unwrap(),
+                Execution::AlreadyDone
+            );
+            assert_eq!(
+                store.accept(&o, "e-overflow").await.unwrap(),
+                Admission::AlreadyDone(OrderStatus::Rejected)
+            );
+            assert_eq!(store.rejections(Some(&o.order_id)).await.unwrap().len(), 1);
+            // The other way still executes, exactly.
+            let back = order(
+                &unique_id("ord"),
+                &account,
+                if side == "buy" { "sell" } else { "buy" },
+                "0.0000000001",
+            );
+            store.accept(&back, "e").await.unwrap();
+            assert_eq!(
+                store.execute(&back, "e", "{}").await.unwrap(),
+                Execution::Executed
+            );
+            let moved = pos(seed)
+                .apply(back.side, back.quantity)
+                .expect("inside the range");
+            assert_eq!(store.position(&account, "MSFT").await.unwrap(), Some(moved));
+        }
     }
 }
 
@@ -244,24 +422,37 @@ macro_rules! conformance {
                 migrate_is_idempotent,
                 ids_differing_only_in_case_are_different,
                 identity_is_made_once_with_the_schema,
-                exact_decimals_round_trip);
+                exact_decimals_round_trip,
+                positions_stay_exact_beyond_28_digits);
+            conformance!(@seeded $make;
+                an_overflowing_order_is_rejected_and_stored);
         }
     };
     (@tests $make:expr; $($check:ident),*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $check() {
-                if let Some((store, _keep)) = $make.await {
+                if let Some((store, _backend)) = $make.await {
                     suite::$check(store).await;
+                }
+            }
+        )*
+    };
+    (@seeded $make:expr; $($check:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $check() {
+                if let Some((store, backend)) = $make.await {
+                    seeded::$check(store, &backend).await;
                 }
             }
         )*
     };
 }
 
-async fn sqlite_store() -> Option<(Arc<dyn OrderStore>, tempfile::TempDir)> {
+async fn sqlite_store() -> Option<(Arc<dyn OrderStore>, Backend)> {
     let (store, dir) = common::sqlite_store().await;
-    Some((store as Arc<dyn OrderStore>, dir))
+    Some((store as Arc<dyn OrderStore>, Backend::Sqlite(dir)))
 }
 
 conformance!(sqlite, sqlite_store());
@@ -269,10 +460,10 @@ conformance!(sqlite, sqlite_store());
 /// The SQL Server store when `ORDER_GUARD_TEST_MSSQL` holds an ADO.NET
 /// connection string (migrated first); otherwise `None`, after saying so: the
 /// checks then do not run, they do not pass.
-async fn sqlserver_store() -> Option<(Arc<dyn OrderStore>, ())> {
+async fn sqlserver_store() -> Option<(Arc<dyn OrderStore>, Backend)> {
     let cs = common::mssql_connection_string()?;
     let store = common::mssql_store(&cs, std::time::Duration::from_secs(20)).await;
-    Some((store as Arc<dyn OrderStore>, ()))
+    Some((store as Arc<dyn OrderStore>, Backend::SqlServer(cs)))
 }
 
 conformance!(sqlserver, sqlserver_store());

@@ -22,6 +22,7 @@ use crate::order::{
     canonical_instant, fingerprint_of, fingerprint_version, hex, FingerprintParts, Order,
     OrderStatus, FINGERPRINT_VERSION,
 };
+use crate::position::{Overflow, Position};
 
 pub use self::sqlite::{Pressure, SqliteStore, MAX_QUEUED as SQLITE_MAX_QUEUED};
 pub use self::sqlserver::SqlServerStore;
@@ -45,6 +46,10 @@ pub enum Admission {
 pub enum Execution {
     /// This call moved the order to `Executed` and applied its effect.
     Executed,
+    /// The order would take its position beyond `DECIMAL(38,10)`: this call
+    /// moved it to `Rejected` and stored the event in `RejectedEvents` with
+    /// the reason ([`Overflow::reason`]), in the same transaction; no effect.
+    Rejected(Overflow),
     /// The order was not `Received` any more: another worker did it; no effect.
     AlreadyDone,
 }
@@ -52,7 +57,8 @@ pub enum Execution {
 /// Why an event is kept in `RejectedEvents`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RejectionKind {
-    /// The event or its order is invalid: retrying cannot fix it.
+    /// The event or its order is invalid, or the order cannot be executed
+    /// (its position would overflow): retrying cannot fix it.
     Poison,
     /// Same order id, different content.
     Conflict,
@@ -81,6 +87,25 @@ pub struct Rejection {
 }
 
 impl Rejection {
+    /// The rejection `execute` stores with an order it refuses because its
+    /// position would overflow.
+    pub fn position_overflow(
+        order: &Order,
+        event_id: &str,
+        raw_event: &str,
+        overflow: &Overflow,
+    ) -> Rejection {
+        Rejection {
+            kind: RejectionKind::Poison,
+            order_id: Some(order.order_id.clone()),
+            event_id: Some(event_id.to_string()),
+            reason: overflow.reason(&order.account_id, &order.symbol),
+            fingerprint: Some(order.fingerprint().to_string()),
+            existing_fingerprint: None,
+            raw_event: raw_event.to_string(),
+        }
+    }
+
     /// Identity of this rejection: a redelivered poison event is stored once
     /// (its delivery count goes up), not once per delivery.
     pub fn event_hash(&self) -> String {
@@ -178,8 +203,16 @@ pub trait OrderStore: Send + Sync {
     /// Insert the order `Received`, or classify the row that holds its id.
     async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError>;
 
-    /// `Received → Executed` plus the position change, once.
-    async fn execute(&self, order: &Order) -> Result<Execution, StoreError>;
+    /// `Received → Executed` plus the position change, once; or, when the
+    /// position would overflow `DECIMAL(38,10)`, `Received → Rejected` and
+    /// the event (`event_id`, `raw_event`: as it arrived) kept in
+    /// `RejectedEvents` with the reason, in the same transaction.
+    async fn execute(
+        &self,
+        order: &Order,
+        event_id: &str,
+        raw_event: &str,
+    ) -> Result<Execution, StoreError>;
 
     /// Keep an event we will not execute.
     async fn reject(&self, rejection: &Rejection) -> Result<(), StoreError>;
@@ -187,9 +220,12 @@ pub trait OrderStore: Send + Sync {
     /// The order row, if any.
     async fn order(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError>;
 
-    /// The net position of an account in a symbol (`None`: never traded).
-    async fn position(&self, account_id: &str, symbol: &str)
-        -> Result<Option<Decimal>, StoreError>;
+    /// The net position of an account in a symbol, exact (`None`: never traded).
+    async fn position(
+        &self,
+        account_id: &str,
+        symbol: &str,
+    ) -> Result<Option<Position>, StoreError>;
 
     /// Rejected events stored for an order id (`None`: those without an id).
     async fn rejections(&self, order_id: Option<&str>) -> Result<Vec<RejectedRecord>, StoreError>;

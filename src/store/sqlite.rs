@@ -36,6 +36,7 @@ use rust_decimal::Decimal;
 
 use super::{Admission, Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, StoreError};
 use crate::order::{Order, OrderStatus};
+use crate::position::Position;
 
 const SCHEMA: &str = include_str!("../../sql/sqlite/schema.sql");
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
@@ -281,6 +282,34 @@ fn decimal(text: &str) -> Result<Decimal, rusqlite::Error> {
     })
 }
 
+fn position(text: &str) -> Result<Position, rusqlite::Error> {
+    Position::from_str(text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+/// Keep a rejected event once: a redelivery counts (`Deliveries`).
+fn insert_rejection(conn: &Connection, r: &Rejection) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached(&format!(
+        "INSERT INTO RejectedEvents (EventHash, Kind, OrderId, EventId, Reason, Fingerprint,
+                                     ExistingFingerprint, RawEvent, FirstSeenAt, LastSeenAt)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {NOW}, {NOW})
+         ON CONFLICT (EventHash)
+         DO UPDATE SET Deliveries = Deliveries + 1, LastSeenAt = excluded.LastSeenAt"
+    ))?
+    .execute(params![
+        r.event_hash(),
+        r.kind.as_str(),
+        r.order_id,
+        r.event_id,
+        r.reason,
+        r.fingerprint,
+        r.existing_fingerprint,
+        r.raw_event,
+    ])?;
+    Ok(())
+}
+
 fn status(text: &str) -> Result<OrderStatus, rusqlite::Error> {
     OrderStatus::from_str(text).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.into())
@@ -389,10 +418,48 @@ impl OrderStore for SqliteStore {
         .await
     }
 
-    async fn execute(&self, order: &Order) -> Result<Execution, StoreError> {
+    async fn execute(
+        &self,
+        order: &Order,
+        event_id: &str,
+        raw_event: &str,
+    ) -> Result<Execution, StoreError> {
         let o = order.clone();
+        let (event_id, raw_event) = (event_id.to_string(), raw_event.to_string());
         self.with(move |conn| {
+            // The writer holds the database's write lock (BEGIN IMMEDIATE):
+            // the position read here is the one this call changes.
             let tx = conn.savepoint()?;
+            let current: Option<String> = tx
+                .prepare_cached(
+                    "SELECT Quantity FROM Positions WHERE AccountId = ?1 AND Symbol = ?2",
+                )?
+                .query_row(params![o.account_id, o.symbol], |r| r.get(0))
+                .optional()?;
+            let current = current
+                .as_deref()
+                .map(position)
+                .transpose()?
+                .unwrap_or(Position::ZERO);
+            let next = match current.apply(o.side, o.quantity) {
+                Ok(next) => next,
+                Err(overflow) => {
+                    let changed = tx
+                        .prepare_cached(
+                            "UPDATE Orders SET Status = 'Rejected'
+                              WHERE OrderId = ?1 AND Status = 'Received'",
+                        )?
+                        .execute([&o.order_id])?;
+                    if changed != 1 {
+                        return Ok(Execution::AlreadyDone);
+                    }
+                    let rejection =
+                        Rejection::position_overflow(&o, &event_id, &raw_event, &overflow);
+                    insert_rejection(&tx, &rejection)?;
+                    tx.commit()?;
+                    return Ok(Execution::Rejected(overflow));
+                }
+            };
             let changed = tx
                 .prepare_cached(&format!(
                     "UPDATE Orders SET Status = 'Executed', ExecutedAt = {NOW}
@@ -402,18 +469,6 @@ impl OrderStore for SqliteStore {
             if changed != 1 {
                 return Ok(Execution::AlreadyDone);
             }
-            let current: Option<String> = tx
-                .prepare_cached(
-                    "SELECT Quantity FROM Positions WHERE AccountId = ?1 AND Symbol = ?2",
-                )?
-                .query_row(params![o.account_id, o.symbol], |r| r.get(0))
-                .optional()?;
-            let current = current
-                .as_deref()
-                .map(decimal)
-                .transpose()?
-                .unwrap_or_default();
-            let next = (current + o.side.signed(o.quantity)).normalize();
             tx.prepare_cached(&format!(
                 "INSERT INTO Positions (AccountId, Symbol, Quantity, UpdatedAt)
                  VALUES (?1, ?2, ?3, {NOW})
@@ -429,30 +484,7 @@ impl OrderStore for SqliteStore {
 
     async fn reject(&self, rejection: &Rejection) -> Result<(), StoreError> {
         let r = rejection.clone();
-        let hash = r.event_hash();
-        self.with(move |conn| {
-            conn.execute(
-                &format!(
-                    "INSERT INTO RejectedEvents (EventHash, Kind, OrderId, EventId, Reason, Fingerprint,
-                                                 ExistingFingerprint, RawEvent, FirstSeenAt, LastSeenAt)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {NOW}, {NOW})
-                     ON CONFLICT (EventHash)
-                     DO UPDATE SET Deliveries = Deliveries + 1, LastSeenAt = excluded.LastSeenAt"
-                ),
-                params![
-                    hash,
-                    r.kind.as_str(),
-                    r.order_id,
-                    r.event_id,
-                    r.reason,
-                    r.fingerprint,
-                    r.existing_fingerprint,
-                    r.raw_event,
-                ],
-            )?;
-            Ok(())
-        })
-        .await
+        self.with(move |conn| insert_rejection(conn, &r)).await
     }
 
     async fn order(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError> {
@@ -464,7 +496,7 @@ impl OrderStore for SqliteStore {
         &self,
         account_id: &str,
         symbol: &str,
-    ) -> Result<Option<Decimal>, StoreError> {
+    ) -> Result<Option<Position>, StoreError> {
         let (a, s) = (account_id.to_string(), symbol.to_string());
         self.with(move |conn| {
             let q: Option<String> = conn
@@ -474,7 +506,7 @@ impl OrderStore for SqliteStore {
                     |r| r.get(0),
                 )
                 .optional()?;
-            q.as_deref().map(decimal).transpose()
+            q.as_deref().map(position).transpose()
         })
         .await
     }

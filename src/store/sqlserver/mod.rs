@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rust_decimal::Decimal;
 use tiberius::error::Error as SqlError;
+use tiberius::numeric::Numeric;
 use tiberius::Row;
 
 use self::aad::TokenSource;
@@ -35,6 +36,7 @@ use super::{Admission, Execution, OrderRecord, OrderStore, RejectedRecord, Rejec
 #[cfg(feature = "failpoints")]
 use crate::faults;
 use crate::order::{Order, OrderStatus};
+use crate::position::{self, Position};
 
 /// Pooled connections are replaced after this long, so a failover or a
 /// rebalanced gateway is picked up even on a busy, never-idle pool.
@@ -319,12 +321,20 @@ async fn accept_on(client: &mut Client, o: &Order, event_id: &str) -> Result<Adm
 
 /// `execute`: the position row is made to exist first, outside the
 /// transaction (a racing first trade's unique violation only means it
-/// exists); the transaction is then just the forward-only `UPDATE` of the
-/// order and, only when that changed one row, the `UPDATE` of the position,
-/// ended by a COMMIT that must leave no transaction open. Any error inside
-/// the transaction returns at once: the connection is discarded (closing it
-/// rolls the transaction back) and no further statement is sent on it.
-async fn execute_on(client: &mut Client, o: &Order) -> Result<Execution, SqlError> {
+/// exists). The transaction then claims the order row ([`sql::CLAIM_ORDER`]),
+/// locks and reads the position, computes the new one exactly in Rust
+/// ([`Position::apply`]) and either marks the order `Executed` and writes the
+/// position, or, when it would overflow, marks it `Rejected` and stores the
+/// event with the reason; a COMMIT that must leave no transaction open ends
+/// it. Any error inside the transaction returns at once: the connection is
+/// discarded (closing it rolls the transaction back) and no further
+/// statement is sent on it.
+async fn execute_on(
+    client: &mut Client,
+    o: &Order,
+    event_id: &str,
+    raw_event: &str,
+) -> Result<Execution, SqlError> {
     let (account, symbol) = (o.account_id.as_str(), o.symbol.as_str());
     match client
         .execute(sql::ENSURE_POSITION, &[&account, &symbol])
@@ -335,18 +345,18 @@ async fn execute_on(client: &mut Client, o: &Order) -> Result<Execution, SqlErro
         Err(e) => return Err(e),
     }
     run(client, sql::BEGIN).await?;
-    let changed = client
-        .execute(sql::MARK_EXECUTED, &[&o.order_id.as_str()])
+    let claimed = client
+        .execute(sql::CLAIM_ORDER, &[&o.order_id.as_str()])
         .await?
         .total();
-    if changed != 1 {
+    if claimed != 1 {
         end_transaction(client, sql::ROLLBACK_AND_COUNT).await?;
         // Not `Received` any more: done by another worker, unless the row is
         // not there at all (never a duplicate then: the caller retries).
         return match read_order(client, &o.order_id).await? {
             Some(row) if row.status.is_terminal() => Ok(Execution::AlreadyDone),
             Some(row) => Err(conversion(format!(
-                "order {}: the update to Executed changed {changed} rows but the order is {}",
+                "order {}: the claim of a Received order changed {claimed} rows but the order is {}",
                 o.order_id,
                 row.status.as_str()
             ))),
@@ -356,18 +366,67 @@ async fn execute_on(client: &mut Client, o: &Order) -> Result<Execution, SqlErro
             ))),
         };
     }
-    let delta = o.side.signed(o.quantity);
-    let updated = client
-        .execute(sql::ADD_TO_POSITION, &[&account, &symbol, &delta])
+    let rows = client
+        .query(sql::LOCK_AND_READ_POSITION, &[&account, &symbol])
         .await?
-        .total();
-    if updated != 1 {
-        return Err(conversion(format!(
-            "position {account}/{symbol}: the update changed {updated} rows, want 1"
-        )));
-    }
+        .into_results()
+        .await?;
+    let current = match rows.iter().flatten().next() {
+        Some(row) => position_column(row, 0, "Quantity")?,
+        None => {
+            return Err(conversion(format!(
+                "position {account}/{symbol}: no row after making sure it exists"
+            )))
+        }
+    };
+    let one_row = |what: &str, changed: u64| {
+        if changed == 1 {
+            Ok(())
+        } else {
+            Err(conversion(format!(
+                "order {}: {what} changed {changed} rows, want 1",
+                o.order_id
+            )))
+        }
+    };
+    let execution = match current.apply(o.side, o.quantity) {
+        Ok(next) => {
+            let marked = client
+                .execute(sql::MARK_EXECUTED, &[&o.order_id.as_str()])
+                .await?
+                .total();
+            one_row("the update to Executed", marked)?;
+            // Scale 10 as the column: the value is sent exactly, unconverted.
+            let quantity = Numeric::new_with_scale(next.units(), position::SCALE as u8);
+            let updated = client
+                .execute(sql::SET_POSITION, &[&account, &symbol, &quantity])
+                .await?
+                .total();
+            one_row("the position update", updated)?;
+            Execution::Executed
+        }
+        Err(overflow) => {
+            let marked = client
+                .execute(sql::MARK_REJECTED, &[&o.order_id.as_str()])
+                .await?
+                .total();
+            one_row("the update to Rejected", marked)?;
+            let rejection = Rejection::position_overflow(o, event_id, raw_event, &overflow);
+            let hash = rejection.event_hash();
+            // Counted if kept before, else inserted: no statement in the
+            // transaction may fail on the unique index.
+            let counted = client
+                .execute(sql::COUNT_REJECTED_DELIVERY, &[&hash.as_str()])
+                .await?
+                .total();
+            if counted == 0 {
+                insert_rejected(client, &rejection, &hash).await?;
+            }
+            Execution::Rejected(overflow)
+        }
+    };
     end_transaction(client, commit_batch()?).await?;
-    Ok(Execution::Executed)
+    Ok(execution)
 }
 
 /// The batch that ends `execute`'s transaction: [`sql::COMMIT_AND_COUNT`].
@@ -412,8 +471,8 @@ async fn migrate_on(client: &mut Client) -> Result<(), SqlError> {
     end_transaction(client, sql::COMMIT_AND_COUNT).await
 }
 
-async fn reject_on(client: &mut Client, r: &Rejection, hash: &str) -> Result<(), SqlError> {
-    let inserted = client
+async fn insert_rejected(client: &mut Client, r: &Rejection, hash: &str) -> Result<(), SqlError> {
+    client
         .execute(
             sql::INSERT_REJECTED,
             &[
@@ -427,9 +486,13 @@ async fn reject_on(client: &mut Client, r: &Rejection, hash: &str) -> Result<(),
                 &r.raw_event.as_str(),
             ],
         )
-        .await;
-    match inserted {
-        Ok(_) => Ok(()),
+        .await?;
+    Ok(())
+}
+
+async fn reject_on(client: &mut Client, r: &Rejection, hash: &str) -> Result<(), SqlError> {
+    match insert_rejected(client, r, hash).await {
+        Ok(()) => Ok(()),
         Err(e) if classify::is_unique_violation(&e) => {
             client
                 .execute(sql::COUNT_REJECTED_DELIVERY, &[&hash])
@@ -454,25 +517,31 @@ async fn position_on(
     client: &mut Client,
     account_id: &str,
     symbol: &str,
-) -> Result<Option<Decimal>, SqlError> {
+) -> Result<Option<Position>, SqlError> {
     let row = client
         .query(sql::SELECT_POSITION, &[&account_id, &symbol])
         .await?
         .into_row()
         .await?;
-    row.map(|r| wide_decimal(&r, 0, "Quantity")).transpose()
+    row.map(|r| position_column(&r, 0, "Quantity")).transpose()
 }
 
-/// A `DECIMAL(38,10)` column (positions). Read as tiberius' `Numeric`: its
-/// own conversion to `Decimal` panics past 2^96 at scale 10, so convert
-/// with the checked constructor and say so instead.
-fn wide_decimal(row: &Row, idx: usize, name: &str) -> Result<Decimal, SqlError> {
+/// A `DECIMAL(38,10)` column (positions), exactly: read as tiberius'
+/// `Numeric` (its conversion to `Decimal` would panic past 2^96 at scale 10,
+/// and `Decimal` keeps fewer digits than the column).
+fn position_column(row: &Row, idx: usize, name: &str) -> Result<Position, SqlError> {
     let n = row
-        .try_get::<tiberius::numeric::Numeric, _>(idx)?
+        .try_get::<Numeric, _>(idx)?
         .ok_or_else(|| conversion(format!("{name} is NULL")))?;
-    Decimal::try_from_i128_with_scale(n.value(), u32::from(n.scale()))
-        .map(|d| d.normalize())
-        .map_err(|e| conversion(format!("{name} {n} does not fit a 96-bit decimal: {e}")))
+    let scale = u32::from(n.scale());
+    let units = if scale <= position::SCALE {
+        n.value()
+            .checked_mul(10_i128.pow(position::SCALE - scale))
+            .and_then(Position::from_units)
+    } else {
+        None
+    };
+    units.ok_or_else(|| conversion(format!("{name} {n} is not a DECIMAL(38,10) value")))
 }
 
 async fn rejections_on(
@@ -538,10 +607,15 @@ impl OrderStore for SqlServerStore {
         ))
     }
 
-    async fn execute(&self, order: &Order) -> Result<Execution, StoreError> {
+    async fn execute(
+        &self,
+        order: &Order,
+        event_id: &str,
+        raw_event: &str,
+    ) -> Result<Execution, StoreError> {
         self.schema_gate("execute")?;
         with_client!(self, "execute", self.query_timeout, |client| execute_on(
-            client, order
+            client, order, event_id, raw_event
         ))
     }
 
@@ -564,7 +638,7 @@ impl OrderStore for SqlServerStore {
         &self,
         account_id: &str,
         symbol: &str,
-    ) -> Result<Option<Decimal>, StoreError> {
+    ) -> Result<Option<Position>, StoreError> {
         self.schema_gate("read position")?;
         with_client!(self, "read position", self.query_timeout, |client| {
             position_on(client, account_id, symbol)

@@ -120,30 +120,55 @@ pub const SELECT_ORDER: &str = "SELECT OrderId, Fingerprint, AccountId, Side, Sy
 pub const RESUME_ORDER: &str = "UPDATE dbo.Orders SET Attempts = Attempts + 1 \
      WHERE OrderId = @P1 AND Status = N'Received'";
 
-/// `execute`, step 1: the forward-only transition. Only the caller that
-/// changes exactly one row applies the effect. P1 OrderId.
+/// `execute`, step 1 (first in its transaction): claim the order. An UPDATE
+/// that changes no value but takes the row's exclusive lock, held to the
+/// end of the transaction, and only on a `Received` row: 1 row means this
+/// transaction alone decides the order; 0 means it is not `Received` (or
+/// not there). An UPDATE rather than a lock hint: Babelfish accepts and
+/// ignores table hints such as UPDLOCK. The order row is locked before the
+/// position row, as every `execute` of this and earlier versions does, so
+/// two of them never wait for each other in a cycle. P1 OrderId.
+pub const CLAIM_ORDER: &str = "UPDATE dbo.Orders SET Attempts = Attempts \
+     WHERE OrderId = @P1 AND Status = N'Received'";
+
+/// `execute`, step 2: lock the position row (same UPDATE-for-a-lock as
+/// [`CLAIM_ORDER`]) and read it. The new value is computed in Rust from this
+/// read: T-SQL's `DECIMAL(38,10) + DECIMAL(p,10)` has precision 39, which
+/// SQL Server cuts to scale 9 or less (rounding), and Babelfish differs
+/// again. Holding the row's lock, the read sees the last committed value
+/// under READ COMMITTED and READ_COMMITTED_SNAPSHOT alike, and nobody can
+/// change it before this transaction ends. P1 AccountId, P2 Symbol.
+pub const LOCK_AND_READ_POSITION: &str = "UPDATE dbo.Positions SET UpdatedAt = SYSUTCDATETIME() \
+     WHERE AccountId = @P1 AND Symbol = @P2; \
+     SELECT Quantity FROM dbo.Positions WHERE AccountId = @P1 AND Symbol = @P2";
+
+/// `execute`, step 3 when the new position fits: the forward-only
+/// transition (1 row: the claim holds the row). P1 OrderId.
 pub const MARK_EXECUTED: &str = "UPDATE dbo.Orders \
      SET Status = N'Executed', ExecutedAt = SYSUTCDATETIME() \
      WHERE OrderId = @P1 AND Status = N'Received'";
 
+/// `execute`, step 3 when the position would overflow: `Received →
+/// Rejected`, no effect; the event is stored in the same transaction
+/// ([`COUNT_REJECTED_DELIVERY`], else [`INSERT_REJECTED`]). P1 OrderId.
+pub const MARK_REJECTED: &str = "UPDATE dbo.Orders SET Status = N'Rejected' \
+     WHERE OrderId = @P1 AND Status = N'Received'";
+
 /// `execute`, before its transaction: make sure the position row exists, so
-/// the transaction itself is only two UPDATEs and never has to survive an
-/// error. Two first trades racing here make one INSERT fail on the primary
-/// key (2627), which means the row exists: the caller ignores it. A row
-/// created here for an order that then does not execute holds 0.
-/// P1 AccountId, P2 Symbol.
+/// the transaction never has to survive an error. Two first trades racing
+/// here make one INSERT fail on the primary key (2627), which means the row
+/// exists: the caller ignores it. A row created here for an order that then
+/// does not execute holds 0. P1 AccountId, P2 Symbol.
 pub const ENSURE_POSITION: &str =
     "INSERT INTO dbo.Positions (AccountId, Symbol, Quantity, UpdatedAt) \
      SELECT @P1, @P2, 0, SYSUTCDATETIME() \
      WHERE NOT EXISTS (SELECT 1 FROM dbo.Positions WHERE AccountId = @P1 AND Symbol = @P2)";
 
-/// `execute`, step 2 (in the transaction, after [`MARK_EXECUTED`] changed
-/// one row): add the signed quantity to the position. The arithmetic
-/// happens in the UPDATE under its exclusive row lock, so two transactions
-/// can never lose each other's change. P1 AccountId, P2 Symbol, P3 signed
-/// quantity.
-pub const ADD_TO_POSITION: &str = "UPDATE dbo.Positions \
-     SET Quantity = Quantity + @P3, UpdatedAt = SYSUTCDATETIME() \
+/// `execute`, step 4 after [`MARK_EXECUTED`]: write the new position,
+/// computed exactly in Rust (a `DECIMAL(38,10)` parameter, no arithmetic
+/// in T-SQL). P1 AccountId, P2 Symbol, P3 the new quantity.
+pub const SET_POSITION: &str = "UPDATE dbo.Positions \
+     SET Quantity = @P3, UpdatedAt = SYSUTCDATETIME() \
      WHERE AccountId = @P1 AND Symbol = @P2";
 
 /// The net position. P1 AccountId, P2 Symbol.
@@ -196,9 +221,12 @@ pub const ALL: &[&str] = &[
     INSERT_ORDER,
     SELECT_ORDER,
     RESUME_ORDER,
+    CLAIM_ORDER,
+    LOCK_AND_READ_POSITION,
     MARK_EXECUTED,
+    MARK_REJECTED,
     ENSURE_POSITION,
-    ADD_TO_POSITION,
+    SET_POSITION,
     SELECT_POSITION,
     INSERT_REJECTED,
     COUNT_REJECTED_DELIVERY,
