@@ -920,7 +920,7 @@ async fn a_finished_order_redelivered_is_answered_from_the_cache_without_redis()
     assert_eq!(p.counters().cache_hits, 2);
     assert_eq!(
         store.position(&account, "MSFT").await.unwrap(),
-        Some(dec("4")),
+        Some(pos("4")),
         "executed once"
     );
 }
