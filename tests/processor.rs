@@ -26,35 +26,29 @@ fn redis_settings() -> GuardSettings {
     GuardSettings::default()
 }
 
-/// A processor on a fresh test Redis and a fresh SQLite file (kept by the dir).
-async fn with_redis() -> (
+/// A processor, its SQLite store, its Redis server and the store's directory.
+type OnRedis = (
     Arc<Processor>,
     Arc<SqliteStore>,
     RedisServer,
     tempfile::TempDir,
-) {
+);
+
+/// A processor on a fresh test Redis and a fresh SQLite file (kept by the dir).
+async fn with_redis() -> OnRedis {
     on_redis(common::processor).await
 }
 
 /// The same with the processor's cache of finished orders off: every
 /// redelivery reaches Redis (and the store, when Redis cannot decide).
-async fn with_redis_uncached() -> (
-    Arc<Processor>,
-    Arc<SqliteStore>,
-    RedisServer,
-    tempfile::TempDir,
-) {
+async fn with_redis_uncached() -> OnRedis {
     on_redis(common::processor_without_cache).await
 }
 
-async fn on_redis(
-    make: fn(Arc<dyn IdempotencyGuard>, Arc<dyn OrderStore>) -> Arc<Processor>,
-) -> (
-    Arc<Processor>,
-    Arc<SqliteStore>,
-    RedisServer,
-    tempfile::TempDir,
-) {
+/// How a test builds its processor from a guard and a store.
+type MakeProcessor = fn(Arc<dyn IdempotencyGuard>, Arc<dyn OrderStore>) -> Arc<Processor>;
+
+async fn on_redis(make: MakeProcessor) -> OnRedis {
     let server = RedisServer::start();
     let (store, dir) = common::sqlite_store().await;
     let guard = common::redis_guard(&server, redis_settings());
