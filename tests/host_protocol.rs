@@ -194,6 +194,37 @@ async fn bodies_that_are_not_invocations_get_400_with_a_reason() {
     }
 }
 
+/// Bytes that are not an HTTP/1.1 request at all (a garbage request line, a
+/// negative or doubled `Content-Length`) never reach the handler: the HTTP
+/// stack (hyper) answers them itself with a bare 400, no body, and closes the
+/// connection. The README documents this one exception to "every answer is a
+/// JSON object"; the Functions host never sends such requests.
+#[tokio::test]
+async fn requests_that_are_not_http_get_a_bare_400_from_the_http_stack() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (h, _d) = handler().await;
+    let cases: [&[u8]; 3] = [
+        b"GARBAGE\r\n\r\n",
+        b"POST /OrderTrigger HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        b"POST /OrderTrigger HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    ];
+    for wire in cases {
+        let mut stream = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+        stream.write_all(wire).await.unwrap();
+        // The server closes after answering: read to the end.
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        let shown = String::from_utf8_lossy(wire);
+        assert!(text.starts_with("http/1.1 400 "), "{shown:?}: {text:?}");
+        assert!(
+            text.contains("content-length: 0\r\n"),
+            "{shown:?}: {text:?}"
+        );
+        assert!(text.ends_with("\r\n\r\n"), "no body expected: {text:?}");
+    }
+}
+
 #[tokio::test]
 async fn oversized_bodies_get_413_with_or_without_content_length() {
     let (h, _d) = handler().await;
