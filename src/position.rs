@@ -72,7 +72,8 @@ impl Position {
 
     /// A position of `units` × 10^-10, if it fits `DECIMAL(38,10)`.
     pub fn from_units(units: i128) -> Option<Position> {
-        (units.abs() <= MAX_UNITS).then_some(Position { units })
+        // `unsigned_abs`: `i128::MIN.abs()` would overflow.
+        (units.unsigned_abs() <= MAX_UNITS.unsigned_abs()).then_some(Position { units })
     }
 
     /// The value in units of 10^-10 (what a `DECIMAL(38,10)` parameter carries).
@@ -212,6 +213,21 @@ mod tests {
         assert_eq!(pos.to_string(), "7999999999999999992.0000000002");
         let back = pos.apply(Side::Sell, d("999999999999999999")).unwrap();
         assert_eq!(back.to_string(), "6999999999999999993.0000000002");
+    }
+
+    #[test]
+    fn units_outside_the_column_are_refused_without_panicking() {
+        assert_eq!(Position::from_units(i128::MIN), None);
+        assert_eq!(Position::from_units(i128::MAX), None);
+        assert_eq!(
+            Position::from_units(MAX_UNITS).map(Position::units),
+            Some(MAX_UNITS)
+        );
+        assert_eq!(
+            Position::from_units(-MAX_UNITS).map(Position::units),
+            Some(-MAX_UNITS)
+        );
+        assert_eq!(Position::from_units(MAX_UNITS + 1), None);
     }
 
     #[test]
