@@ -7,7 +7,7 @@
 # runs the load
 # generator (examples/bench.rs), which prints the table and writes
 # target/bench/results.json and target/bench/latency_*.png.
-# Everything it starts is stopped on exit. About two minutes with the defaults.
+# Everything it starts is stopped on exit. About three minutes with the defaults.
 #
 # Arguments are passed to the load generator, e.g.
 #   scripts/bench.sh --rounds 5 --seconds 3
