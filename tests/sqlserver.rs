@@ -151,6 +151,8 @@ enum LoginAnswer {
     Route(String, u16),
     /// DONE: logged in.
     Accept,
+    /// No answer at all: the login hangs until the client gives up.
+    Never,
 }
 
 /// A loopback endpoint speaking just enough TDS for a login: PRELOGIN (no
@@ -233,6 +235,7 @@ fn login_answer(answer: &LoginAnswer) -> Vec<u8> {
             t
         }
         LoginAnswer::Accept => done(0),
+        LoginAnswer::Never => unreachable!("a hanging login is never answered"),
     }
 }
 
@@ -257,6 +260,11 @@ impl FakeTds {
                         return;
                     };
                     kept.lock().unwrap().push(login);
+                    if matches!(answer, LoginAnswer::Never) {
+                        // Hold the login until the client goes away.
+                        while read_message(&mut s).await.is_some() {}
+                        return;
+                    }
                     s.write_all(&packet(&login_answer(&answer))).await.unwrap();
                     // Logged in: answer every later request with a bare DONE,
                     // until the client goes away.
@@ -426,6 +434,48 @@ async fn an_unreachable_server_is_a_transient_failure_within_the_connect_timeout
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Logins are paced: however many callers wait for a connection, at most
+/// `LOGINS_AT_ONCE` logins are in flight per pool, and a caller still gives
+/// up at the connect timeout. Without this an overloaded server gets one
+/// login per waiting caller, each abandoned and started again (a
+/// reconnection storm).
+#[tokio::test]
+async fn logins_are_paced_whatever_the_number_of_waiting_callers() {
+    use order_guard::store::sqlserver::pool::LOGINS_AT_ONCE;
+    let fake = FakeTds::start(LoginAnswer::Never).await;
+    let cs = format!(
+        "Server=tcp:127.0.0.1,{};Database=d;User ID=u;Password=pw;Encrypt=DANGER_PLAINTEXT",
+        fake.port
+    );
+    let store = SqlServerStore::connect(
+        &cs,
+        &SqlServerSettings {
+            connect_timeout: Duration::from_secs(1),
+            query_timeout: Duration::from_secs(2),
+            pool_size: 8,
+        },
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let callers = (0..8).map(|_| store.migrate());
+    for result in futures::future::join_all(callers).await {
+        match result {
+            Err(StoreError::Transient(m)) => assert!(m.contains("no SQL Server connection"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        fake.login_count(),
+        LOGINS_AT_ONCE,
+        "logins started for 8 waiting callers"
+    );
 }
 
 #[tokio::test]
