@@ -81,16 +81,6 @@ impl FinishedOrders {
         self.cache
             .insert(order_id.to_string(), Arc::from(fingerprint));
     }
-
-    /// Entries held now (approximate: moka applies inserts and evictions lazily).
-    pub fn len(&self) -> u64 {
-        self.cache.entry_count()
-    }
-
-    /// Whether the cache holds no entry (approximate, as [`FinishedOrders::len`]).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]
@@ -134,6 +124,6 @@ mod tests {
             c.cache.weighted_size(),
             10 * per_entry
         );
-        assert!(c.len() <= 10);
+        assert!(c.cache.entry_count() <= 10);
     }
 }

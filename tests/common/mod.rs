@@ -89,22 +89,7 @@ impl RedisServer {
 
     /// Start the process and wait for its "Ready to accept connections" line.
     fn launch(&mut self) {
-        let mut child = Command::new(redis_server_binary())
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start redis-server");
-        if !redis_ready(&mut child) {
-            let _ = child.kill();
-            panic!(
-                "redis-server on port {} did not become ready in 20 s",
-                self.port
-            );
-        }
+        let child = start_redis_server(self.port, self.dir.path(), &[], "redis-server");
         self.child = Some(child);
     }
 
@@ -314,30 +299,18 @@ impl RedisCluster {
 
     fn launch(&mut self, i: usize) {
         let n = &self.nodes[i];
-        let mut child = Command::new(redis_server_binary())
-            .args(["--port", &n.port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--cluster-enabled",
-                "yes",
-                "--cluster-port",
-                &n.bus_port.to_string(),
-            ])
-            .args(["--cluster-config-file", "nodes.conf"])
-            .args(["--cluster-node-timeout", &self.node_timeout_ms.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(&n.dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start redis-server");
-        if !redis_ready(&mut child) {
-            let _ = child.kill();
-            panic!(
-                "cluster node on port {} did not become ready in 20 s",
-                n.port
-            );
-        }
+        let (bus, timeout) = (n.bus_port.to_string(), self.node_timeout_ms.to_string());
+        let cluster = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-port",
+            &bus,
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            &timeout,
+        ];
+        let child = start_redis_server(n.port, &n.dir, &cluster, "cluster node");
         self.nodes[i].child = Some(child);
     }
 
@@ -1262,6 +1235,31 @@ pub async fn wait_ready(
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// Start `redis-server` on loopback `port` (no persistence, files in `dir`,
+/// `extra` arguments) and wait until it is ready; `what` names it in the panic.
+fn start_redis_server(
+    port: u16,
+    dir: &std::path::Path,
+    extra: &[&str],
+    what: &str,
+) -> std::process::Child {
+    let mut child = Command::new(redis_server_binary())
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(extra)
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("cannot start redis-server");
+    if !redis_ready(&mut child) {
+        let _ = child.kill();
+        panic!("{what} on port {port} did not become ready in 20 s");
+    }
+    child
 }
 
 /// Wait (at most 20 s) for a `redis-server` started with piped stdout to log
