@@ -39,7 +39,10 @@ pub fn init_tls() {
 pub fn build_guard(config: &Config) -> anyhow::Result<Arc<dyn IdempotencyGuard>> {
     init_tls();
     Ok(match &config.guard {
-        GuardConfig::Memory => Arc::new(MemoryGuard::new(config.guard_settings.clone())),
+        GuardConfig::Memory => Arc::new(MemoryGuard::bounded(
+            config.guard_settings.clone(),
+            config.memory_guard_max_completed,
+        )),
         GuardConfig::Redis { url, cluster } => Arc::new(
             RedisGuard::with_topology(
                 url,

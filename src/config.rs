@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use crate::finished::FinishedCacheSettings;
 use crate::guard::GuardSettings;
+use crate::guard::MEMORY_GUARD_MAX_COMPLETED;
 use crate::host::Limits;
+use crate::order::FractionalNumbers;
 use crate::processor::{GuardPolicy, ProcessorSettings};
 use crate::store::sqlserver::SqlServerSettings;
 
@@ -120,6 +122,8 @@ pub struct Config {
     pub sqlserver: SqlServerSettings,
     /// SQLite: how long a write waits for another process's lock.
     pub sqlite_busy_timeout: Duration,
+    /// The embedded guard: most `COMPLETADA` markers it keeps.
+    pub memory_guard_max_completed: usize,
     pub processor: ProcessorSettings,
     /// How long SIGTERM waits for in-flight invocations.
     pub shutdown_grace: Duration,
@@ -222,6 +226,16 @@ impl Config {
         let event_types = val("ORDER_EVENT_TYPES")
             .map(|v| event_types(&v))
             .transpose()?;
+        let fractional_numbers = match val("ORDER_FRACTIONAL_NUMBERS").as_deref() {
+            None | Some("accept") => FractionalNumbers::UpToFifteenDigits,
+            Some("refuse") => FractionalNumbers::Refused,
+            Some(other) => {
+                return Err(err(
+                    "ORDER_FRACTIONAL_NUMBERS",
+                    format!("expected \"accept\" (at most 15 significant digits) or \"refuse\" (amounts as strings or integers only), got {other:?}"),
+                ))
+            }
+        };
         let deadline = num("INVOCATION_DEADLINE_MS", 20_000, 100, 25_000)?;
         let redis_timeout = num("REDIS_TIMEOUT_MS", 1_000, 10, 10_000)?;
         // Every step of an event runs inside the deadline; only the release of
@@ -319,10 +333,17 @@ impl Config {
                 0,
                 20_000,
             )?),
+            memory_guard_max_completed: num(
+                "MEMORY_GUARD_MAX_COMPLETED",
+                MEMORY_GUARD_MAX_COMPLETED,
+                1,
+                100_000_000,
+            )? as usize,
             processor: ProcessorSettings {
                 on_guard_unavailable,
                 deadline: Duration::from_millis(deadline),
                 event_types,
+                fractional_numbers,
                 finished_cache: FinishedCacheSettings {
                     max_bytes: cache_mb * 1024 * 1024,
                     ttl: Duration::from_secs(cache_ttl),
@@ -675,6 +696,28 @@ mod tests {
         ] {
             assert!(!plausible_host(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn fractional_numbers_and_the_memory_guard_bound_are_read() {
+        let c = config(&[]).unwrap();
+        assert_eq!(
+            c.processor.fractional_numbers,
+            FractionalNumbers::UpToFifteenDigits
+        );
+        assert_eq!(c.memory_guard_max_completed, 100_000);
+        let c = config(&[
+            ("ORDER_FRACTIONAL_NUMBERS", "refuse"),
+            ("MEMORY_GUARD_MAX_COMPLETED", "10"),
+        ])
+        .unwrap();
+        assert_eq!(c.processor.fractional_numbers, FractionalNumbers::Refused);
+        assert_eq!(c.memory_guard_max_completed, 10);
+        let e = config(&[("ORDER_FRACTIONAL_NUMBERS", "maybe")]).unwrap_err();
+        assert_eq!(e.var, "ORDER_FRACTIONAL_NUMBERS");
+        assert!(e.to_string().contains("\"refuse\""), "{e}");
+        let e = config(&[("MEMORY_GUARD_MAX_COMPLETED", "0")]).unwrap_err();
+        assert_eq!(e.var, "MEMORY_GUARD_MAX_COMPLETED");
     }
 
     #[test]

@@ -20,9 +20,33 @@ const MAX_DECODE_ROUNDS: usize = 3;
 pub const MAX_SHOWN_ID: usize = 128;
 
 /// An event id (or any other value from the event) as answers and logs show
-/// it: at most [`MAX_SHOWN_ID`] characters, marked `…` when cut.
+/// it: escaped ([`escaped`]), at most [`MAX_SHOWN_ID`] characters, marked `…`
+/// when cut.
 pub fn shown(s: &str) -> String {
-    truncate(s, MAX_SHOWN_ID)
+    truncate(&escaped(s), MAX_SHOWN_ID)
+}
+
+/// Text from an event made safe for one log line: every control character
+/// (`\n`, `\r`, `\t`, `\u{1b}` …) and every Unicode line or paragraph
+/// separator is written as its Rust escape, so no value an event carries
+/// can start a line of its own (the Functions host makes each stdout line
+/// a log entry) or drive a terminal. Text without such characters is
+/// returned as it is, without a copy.
+pub fn escaped(s: &str) -> Cow<'_, str> {
+    let needs = |c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}');
+    if !s.chars().any(needs) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if needs(c) {
+            // `\n`, `\r`, `\t`, else `\u{…}`: never a character of its own.
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// Refuse an event whose type is not in `allowed` (`None`: every type is an
@@ -297,6 +321,19 @@ mod tests {
         }
         let long = "T".repeat(100_000);
         assert!(check_type(&long, Some(&allowed)).unwrap_err().0.len() < 400);
+    }
+
+    #[test]
+    fn values_are_escaped_for_one_log_line() {
+        assert!(matches!(escaped("e-1 ok"), Cow::Borrowed("e-1 ok")));
+        assert_eq!(
+            escaped("e1\nFORGED order o-9 executed"),
+            "e1\\nFORGED order o-9 executed"
+        );
+        assert_eq!(escaped("a\r\tb\u{1b}[31m"), "a\\r\\tb\\u{1b}[31m");
+        assert_eq!(escaped("a\u{2028}b\u{85}"), "a\\u{2028}b\\u{85}");
+        // Bounded after escaping: the cut cannot split an escape into a raw character.
+        assert!(!shown(&"\n".repeat(1000)).contains('\n'));
     }
 
     #[test]

@@ -84,7 +84,11 @@ fn invoke_response<R: Serialize>(
 }
 
 fn refusal_response(r: Refusal) -> warp::reply::Response {
-    log::warn!("invocation refused ({}): {}", r.status.as_u16(), r.message);
+    log::warn!(
+        "invocation refused ({}): {}",
+        r.status.as_u16(),
+        crate::event::escaped(&r.message)
+    );
     let error = ErrorReturn { error: &r.message };
     invoke_response(r.status, vec![r.message.clone()], error)
 }
@@ -331,7 +335,7 @@ fn answer(result: TriggerResult) -> warp::reply::Response {
                 o.outcome.as_str(),
                 o.reason
                     .as_deref()
-                    .map(|r| format!(": {r}"))
+                    .map(|r| format!(": {}", crate::event::escaped(r)))
                     .unwrap_or_default()
             )
         })

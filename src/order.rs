@@ -36,6 +36,32 @@ pub const ORDER_FIELDS: [&str; 8] = [
     "placedAt",
 ];
 
+/// Most significant digits a JSON number with a fraction or an exponent may
+/// have. The Functions host's Event Grid extension parses the webhook body
+/// with Json.NET's defaults, which read such a number as a .NET `double` and
+/// write it back for the handler: a double keeps every decimal of at most 15
+/// significant digits, so such a number arrives as it was sent, and one with
+/// more was rounded on the way (`1234567890.123456789` arrives as
+/// `1234567890.1234567`) or is about to be misread by another reader.
+/// Integers are exact through Json.NET (`Int64`, `BigInteger`).
+pub const MAX_FRACTIONAL_NUMBER_DIGITS: usize = 15;
+
+/// How amounts (`quantity`, `limitPrice`) sent as JSON numbers with a
+/// fraction or an exponent are read (`ORDER_FRACTIONAL_NUMBERS`). Strings
+/// and integers are always exact and always accepted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FractionalNumbers {
+    /// Accepted with at most [`MAX_FRACTIONAL_NUMBER_DIGITS`] significant
+    /// digits (a double's exact range); more is refused (`accept`, the default).
+    #[default]
+    UpToFifteenDigits,
+    /// Refused whatever their digits: a producer that wants certainty sends
+    /// amounts as strings or integers only (`refuse`). No check on our side
+    /// can tell `10000000.0000000001`, which arrives as `10000000.0`, from
+    /// an honest `10000000.0`.
+    Refused,
+}
+
 /// Most unknown field names one refusal names (each shown at most
 /// [`crate::event::MAX_SHOWN_ID`] characters long).
 const MAX_NAMED_UNKNOWN: usize = 5;
@@ -147,8 +173,18 @@ pub struct Order {
 }
 
 impl Order {
-    /// Parse and validate the event's `data` object.
+    /// Parse and validate the event's `data` object, with the default
+    /// reading of fractional JSON numbers.
     pub fn from_data(data: &Value) -> Result<Order, InvalidOrder> {
+        Order::from_data_with(data, FractionalNumbers::default())
+    }
+
+    /// Parse and validate the event's `data` object; `fractions` says how
+    /// amounts sent as fractional JSON numbers are read.
+    pub fn from_data_with(
+        data: &Value,
+        fractions: FractionalNumbers,
+    ) -> Result<Order, InvalidOrder> {
         let obj = data.as_object().ok_or_else(|| {
             InvalidOrder(format!(
                 "event data must be a JSON object holding the order, got {}",
@@ -171,11 +207,11 @@ impl Order {
         let symbol = required_id(obj, "symbol")?.to_ascii_uppercase();
         let quantity = match obj.get("quantity") {
             None | Some(Value::Null) => return Err(InvalidOrder("quantity is required".into())),
-            Some(v) => positive_decimal("quantity", v)?,
+            Some(v) => positive_decimal("quantity", v, fractions)?,
         };
         let limit_price = match obj.get("limitPrice") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(positive_decimal("limitPrice", v)?),
+            Some(v) => Some(positive_decimal("limitPrice", v, fractions)?),
         };
         let currency = match obj.get("currency") {
             None | Some(Value::Null) => None,
@@ -399,6 +435,13 @@ fn refuse_unknown_fields(obj: &Map<String, Value>) -> Result<(), InvalidOrder> {
 fn required_id(obj: &Map<String, Value>, field: &str) -> Result<String, InvalidOrder> {
     match obj.get(field) {
         None | Some(Value::Null) => Err(InvalidOrder(format!("{field} is required"))),
+        Some(Value::String(s)) if json_net_reads_as_date(s) => Err(InvalidOrder(format!(
+            "{field} {:?} looks like a date to the Functions host's JSON parser (Json.NET), which \
+             rewrites such strings in its own format before the handler sees them, so this order \
+             would not be recognised when it comes back another way (a dead-lettered copy holds the \
+             text as sent); use an {field} that does not start with yyyy-MM-ddTHH:mm:ss or /Date(",
+            truncate(s, 48)
+        ))),
         Some(Value::String(s)) => valid_id(s)
             .map(|()| s.trim().to_string())
             .map_err(|why| InvalidOrder(format!("{field} {why}"))),
@@ -427,6 +470,37 @@ fn valid_id(s: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Would Json.NET, with its default `DateParseHandling.DateTime`, read this
+/// JSON string as a date (and so write it back in its own format)? Its
+/// reader tries a string as a date when it is `/Date(…)/` (at least 9
+/// characters), or 19 to 40 characters long with a digit first and `T` at
+/// index 10, parsing `yyyy-MM-ddTHH:mm:ss[.fff…][Z|±HH:mm]`
+/// (Newtonsoft.Json `Utilities/DateTimeUtils.cs`, `TryParseDateTime`, and
+/// `DateTimeParser.cs`). This answers yes for every string of that shape,
+/// a little more than Json.NET parses (an impossible month, an odd tail):
+/// refusing a strange id costs its producer a change, keying an id that the
+/// host rewrites can execute an order twice.
+pub fn json_net_reads_as_date(s: &str) -> bool {
+    if s.starts_with("/Date(") && s.ends_with(")/") && s.len() >= 9 {
+        return true;
+    }
+    let b = s.as_bytes();
+    let digit = |i: usize| b.get(i).is_some_and(u8::is_ascii_digit);
+    let at = |i: usize, c: u8| b.get(i) == Some(&c);
+    (19..=40).contains(&s.encode_utf16().count())
+        && (0..4).all(digit)
+        && at(4, b'-')
+        && (5..7).all(digit)
+        && at(7, b'-')
+        && (8..10).all(digit)
+        && at(10, b'T')
+        && (11..13).all(digit)
+        && at(13, b':')
+        && (14..16).all(digit)
+        && at(16, b':')
+        && (17..19).all(digit)
+}
+
 fn has_control(s: &str) -> bool {
     s.chars().any(char::is_control)
 }
@@ -440,7 +514,11 @@ fn has_control(s: &str) -> bool {
 /// The exponent is expanded exactly (the Functions host re-serializes numbers
 /// through .NET doubles, which writes `0.000001` as `1E-06`); its value (not
 /// its digits: `1e0002` is `1e2`) must be at most [`MAX_EXPONENT`].
-fn positive_decimal(field: &str, v: &Value) -> Result<Decimal, InvalidOrder> {
+fn positive_decimal(
+    field: &str,
+    v: &Value,
+    fractions: FractionalNumbers,
+) -> Result<Decimal, InvalidOrder> {
     let (text, shown) = match v {
         // With `arbitrary_precision` this is the number's text as serde_json
         // read it (it may rewrite an exponent's sign, never the value).
@@ -462,6 +540,27 @@ fn positive_decimal(field: &str, v: &Value) -> Result<Decimal, InvalidOrder> {
             "{field} {shown}: is not a decimal number (JSON number syntax, e.g. 25, 0.5, 1E-06: no '+', no leading zeros, digits on both sides of a point, no spaces)"
         ))
     })?;
+    if matches!(v, Value::Number(_)) && (!number.frac.is_empty() || number.exp.is_some()) {
+        let digits = number.significant_digits();
+        match fractions {
+            FractionalNumbers::Refused => {
+                return Err(InvalidOrder(format!(
+                    "{field} {shown}: a JSON number with a fraction or an exponent is refused \
+                     (ORDER_FRACTIONAL_NUMBERS=refuse); send the amount as a string (\"{shown}\") \
+                     or an integer"
+                )))
+            }
+            FractionalNumbers::UpToFifteenDigits if digits > MAX_FRACTIONAL_NUMBER_DIGITS => {
+                return Err(InvalidOrder(format!(
+                    "{field} {shown}: a JSON number with a fraction or an exponent and {digits} \
+                     significant digits; the Functions host reads such numbers as doubles, which \
+                     keep {MAX_FRACTIONAL_NUMBER_DIGITS}, so it may have been rounded on the way; \
+                     send the amount as a string (e.g. \"1234567890.123456789\"); not executed"
+                )))
+            }
+            FractionalNumbers::UpToFifteenDigits => {}
+        }
+    }
     let unsigned = number.plain().ok_or_else(|| {
         InvalidOrder(format!(
             "{field} {shown}: the exponent is out of range (at most {MAX_EXPONENT} either way)"
@@ -582,6 +681,14 @@ impl<'a> JsonNumber<'a> {
         })
     }
 
+    /// How many significant digits the number is written with: its digits
+    /// without the zeros before the first and after the last non-zero one
+    /// (`0.000120` has 2; zero has 0). The exponent does not count.
+    fn significant_digits(&self) -> usize {
+        let digits = format!("{}{}", self.int, self.frac);
+        digits.trim_start_matches('0').trim_end_matches('0').len()
+    }
+
     /// The unsigned plain decimal text this number denotes (`1.5E-06` →
     /// `0.0000015`), digit for digit; `None` when the exponent's value is
     /// beyond [`MAX_EXPONENT`].
@@ -684,6 +791,92 @@ mod tests {
         assert_eq!(o.quantity, Decimal::from(25));
         assert_eq!(o.limit_price, Some(Decimal::from_str("431.15").unwrap()));
         assert_eq!(o.currency.as_deref(), Some("USD"));
+    }
+
+    #[test]
+    fn fractional_json_numbers_beyond_a_doubles_digits_are_refused() {
+        let quantity = |text: &str, fractions| {
+            Order::from_data_with(
+                &parsed(&format!(
+                    r#"{{"orderId":"o","accountId":"a","side":"buy","symbol":"X","quantity":{text}}}"#
+                )),
+                fractions,
+            )
+            .map(|o| o.quantity.to_string())
+            .map_err(|e| e.0)
+        };
+        let checked = FractionalNumbers::UpToFifteenDigits;
+        // What the host hands over for 1234567890.123456789 (a double's 17 digits).
+        let e = quantity("1234567890.1234567", checked).unwrap_err();
+        assert!(e.contains("17 significant digits"), "{e}");
+        assert!(e.contains("send the amount as a string"), "{e}");
+        assert!(quantity("12345678901.23456", checked).is_err(), "16 digits");
+        assert!(quantity("1.234567890123456E+3", checked).is_err());
+        // At most 15: exact through a double, so accepted as sent.
+        assert_eq!(
+            quantity("1234567890.12345", checked).unwrap(),
+            "1234567890.12345"
+        );
+        assert_eq!(quantity("1E-06", checked).unwrap(), "0.000001");
+        assert_eq!(quantity("0.000120", checked).unwrap(), "0.00012");
+        assert_eq!(quantity("100.500000000000000", checked).unwrap(), "100.5");
+        // Integers and strings are exact through Json.NET: any digits.
+        assert_eq!(
+            quantity("123456789012345678", checked).unwrap(),
+            "123456789012345678"
+        );
+        assert_eq!(
+            quantity(r#""1234567890.123456789""#, checked).unwrap(),
+            "1234567890.123456789"
+        );
+        // ORDER_FRACTIONAL_NUMBERS=refuse: strings and integers only.
+        let refused = FractionalNumbers::Refused;
+        for text in ["1.5", "1E+2", "2.0"] {
+            let e = quantity(text, refused).unwrap_err();
+            assert!(e.contains("ORDER_FRACTIONAL_NUMBERS=refuse"), "{text}: {e}");
+        }
+        assert_eq!(quantity("15", refused).unwrap(), "15");
+        assert_eq!(quantity(r#""1.5""#, refused).unwrap(), "1.5");
+        // The limit price follows the same rule.
+        let e = Order::from_data_with(&with("limitPrice", parsed("431.1500000000001")), checked)
+            .unwrap_err();
+        assert!(e.0.starts_with("limitPrice"), "{e}");
+    }
+
+    #[test]
+    fn ids_that_json_net_reads_as_dates_are_refused() {
+        for date in [
+            "2026-12-01T10:00:00Z",
+            "2026-12-01T10:00:00",
+            "2026-12-01T10:00:00.1234567+01:00",
+            "1999-99-99T99:99:99-tail",
+            "/Date(1234567890)/",
+            "/Date(1234567890+0100)/",
+        ] {
+            assert!(json_net_reads_as_date(date), "{date}");
+            for field in ["orderId", "accountId", "symbol"] {
+                let e = order(with(field, json!(date))).unwrap_err();
+                assert!(e.0.starts_with(&format!("{field} ")), "{e}");
+                assert!(e.0.contains("looks like a date"), "{e}");
+            }
+        }
+        for id in [
+            "ord-2026-12-01T10:00:00Z",
+            "2026-12-01 10:00:00",
+            "2026-12-01T10:00",
+            " 2026-12-01T10:00:00Z",
+            "20261201T100000Z",
+            "2026-12-01T10:00:00Z-and-more-than-forty-characters",
+            "/Date(1)",
+        ] {
+            assert!(!json_net_reads_as_date(id), "{id}");
+        }
+        assert_eq!(
+            order(with("orderId", json!("2026-12-01 10:00:00")))
+                .unwrap()
+                .order_id,
+            "2026-12-01 10:00:00"
+        );
     }
 
     #[test]

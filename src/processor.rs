@@ -13,6 +13,7 @@
 //! that is not executed is accounted for: counted (duplicate), stored with its
 //! reason (conflict, rejected) or handed back for a retry (in progress, retry).
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,11 +29,11 @@ use crate::decision::{
     HeldElsewhere, Recollection, Reply, Step, Why,
 };
 pub use crate::decision::{completion_marker, GuardPolicy, OutcomeKind};
-use crate::event::{check_type, normalize, parse_envelope, shown, Delivery};
+use crate::event::{check_type, escaped, normalize, parse_envelope, shown, Delivery};
 use crate::faults;
 use crate::finished::{FinishedCacheSettings, FinishedOrders};
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
-use crate::order::{probable_order_id, Order};
+use crate::order::{probable_order_id, FractionalNumbers, Order};
 use crate::store::{Admission, Execution, OrderStore, Rejection, RejectionKind, StoreError};
 
 /// One event's result, as the host and `replay` report it.
@@ -75,6 +76,8 @@ pub struct ProcessorSettings {
     /// The event types that carry orders (`None`: every type). An event of
     /// another type is rejected with its reason, never executed.
     pub event_types: Option<Vec<String>>,
+    /// How amounts sent as fractional JSON numbers are read.
+    pub fractional_numbers: FractionalNumbers,
     /// This instance's cache of finished orders (`max_bytes` 0: none).
     pub finished_cache: FinishedCacheSettings,
 }
@@ -85,6 +88,7 @@ impl Default for ProcessorSettings {
             on_guard_unavailable: GuardPolicy::Proceed,
             deadline: Duration::from_secs(20),
             event_types: None,
+            fractional_numbers: FractionalNumbers::default(),
             finished_cache: FinishedCacheSettings::default(),
         }
     }
@@ -245,7 +249,7 @@ impl Processor {
                 .poison(event, id, Some(envelope.event_id.clone()), e.0, deadline)
                 .await;
         }
-        let order = match Order::from_data(&envelope.data) {
+        let order = match Order::from_data_with(&envelope.data, self.settings.fractional_numbers) {
             Ok(o) => o,
             Err(e) => {
                 let id = probable_order_id(&envelope.data);
@@ -287,7 +291,7 @@ impl Processor {
             outcome.guard,
             started.elapsed().as_secs_f64() * 1e3,
             if outcome.reason.is_some() { ": " } else { "" },
-            outcome.reason.as_deref().unwrap_or("")
+            escaped(outcome.reason.as_deref().unwrap_or(""))
         );
         outcome
     }
@@ -618,10 +622,11 @@ impl Processor {
         let event_id = event_id.as_deref().map(shown);
         self.counters.count(kind);
         log::warn!(
-            "event {} (order {}): {}: {reason}",
+            "event {} (order {}): {}: {}",
             event_id.as_deref().unwrap_or("?"),
-            order_id.as_deref().unwrap_or("?"),
-            kind.as_str()
+            order_id.as_deref().map_or(Cow::Borrowed("?"), escaped),
+            kind.as_str(),
+            escaped(&reason)
         );
         Outcome {
             order_id,

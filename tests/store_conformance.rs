@@ -64,6 +64,27 @@ mod suite {
         );
     }
 
+    /// A missing row is never taken for a done order: answering `duplicate`
+    /// would mark it `COMPLETADA` and cache it with no effect (a file
+    /// replaced or restored under a running process).
+    pub async fn executing_an_order_with_no_row_is_not_a_duplicate(store: Arc<dyn OrderStore>) {
+        let account = unique_id("acct");
+        let o = order(&unique_id("ord"), &account, "buy", "3");
+        let executed = store.execute(&o, "e", "{}").await;
+        assert!(
+            !matches!(executed, Ok(Execution::AlreadyDone)),
+            "{executed:?}"
+        );
+        assert_eq!(
+            store
+                .position(&account, "MSFT")
+                .await
+                .unwrap_or(None)
+                .unwrap_or(Position::ZERO),
+            Position::ZERO
+        );
+    }
+
     pub async fn unique_violation_is_classified_not_an_error(store: Arc<dyn OrderStore>) {
         let account = unique_id("acct");
         let id = unique_id("ord");
@@ -416,6 +437,7 @@ macro_rules! conformance {
             use super::*;
             conformance!(@tests $make;
                 accept_then_execute_moves_position_once,
+                executing_an_order_with_no_row_is_not_a_duplicate,
                 unique_violation_is_classified_not_an_error,
                 concurrent_accept_and_execute_take_effect_once,
                 rejections_are_stored_once_with_their_reason,

@@ -1,8 +1,17 @@
 //! `MemoryGuard`: the embedded default. Same semantics as Redis (NX, owner
 //! token, owner's deadline and takeover, TTL expiry) inside one process;
 //! nothing is shared between processes.
+//!
+//! Bounded: it keeps at most `max_completed` `COMPLETADA` markers (default
+//! [`MEMORY_GUARD_MAX_COMPLETED`], `MEMORY_GUARD_MAX_COMPLETED`), the
+//! oldest forgotten first, so a day of orders in a long `replay` or `serve`
+//! does not grow memory with the 24 h TTL. Forgetting a marker costs only
+//! speed: the next delivery of that order acquires, and the store, which
+//! holds the order terminal, answers `duplicate`. A live reservation is
+//! never forgotten for room (that could let a second worker in while the
+//! first is still at it); reservations are bounded by their own short TTL.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -21,9 +30,14 @@ struct Entry {
     owner_deadline: Option<Instant>,
 }
 
+/// The default bound on `COMPLETADA` markers: about 20 MB of ids and
+/// markers, a few hours of a busy day.
+pub const MEMORY_GUARD_MAX_COMPLETED: u64 = 100_000;
+
 /// In-process guard with TTL expiry.
 pub struct MemoryGuard {
     settings: GuardSettings,
+    max_completed: usize,
     entries: Mutex<Entries>,
 }
 
@@ -33,9 +47,34 @@ struct Entries {
     /// Size after the last sweep: sweep again when the map has doubled, so
     /// expired keys cost amortised O(1) and memory stays bounded by live keys.
     swept_at_len: usize,
+    /// Markers in the order they were written (id and its expiry, which
+    /// tells a marker from a later one of the same id). An entry whose
+    /// marker is gone or was written again is stale and skipped; the queue
+    /// never holds more than the bound.
+    completed: VecDeque<(String, Instant)>,
 }
 
 impl Entries {
+    /// Write a `COMPLETADA` marker, forgetting the oldest markers past
+    /// `max`: never a reservation.
+    fn complete(&mut self, order_id: &str, entry: Entry, max: usize) {
+        let expires_at = entry.expires_at;
+        self.map.insert(order_id.to_string(), entry);
+        self.completed.push_back((order_id.to_string(), expires_at));
+        while self.completed.len() > max {
+            let Some((id, at)) = self.completed.pop_front() else {
+                break;
+            };
+            let same_marker = self
+                .map
+                .get(&id)
+                .is_some_and(|e| e.value == COMPLETED && e.expires_at == at);
+            if same_marker {
+                self.map.remove(&id);
+            }
+        }
+    }
+
     /// The live entry for `order_id`, dropping it first if it has expired.
     fn live(&mut self, order_id: &str, now: Instant) -> Option<&mut Entry> {
         if self.map.get(order_id).is_some_and(|e| e.expires_at <= now) {
@@ -53,9 +92,16 @@ impl Entries {
 }
 
 impl MemoryGuard {
+    /// A guard keeping at most [`MEMORY_GUARD_MAX_COMPLETED`] markers.
     pub fn new(settings: GuardSettings) -> MemoryGuard {
+        MemoryGuard::bounded(settings, MEMORY_GUARD_MAX_COMPLETED as usize)
+    }
+
+    /// A guard keeping at most `max_completed` (at least 1) markers.
+    pub fn bounded(settings: GuardSettings, max_completed: usize) -> MemoryGuard {
         MemoryGuard {
             settings,
+            max_completed: max_completed.max(1),
             entries: Mutex::new(Entries::default()),
         }
     }
@@ -102,15 +148,13 @@ impl IdempotencyGuard for MemoryGuard {
 
     async fn complete(&self, order_id: &str, fingerprint: &str) -> Result<(), GuardError> {
         let now = Instant::now();
-        self.entries().map.insert(
-            order_id.to_string(),
-            Entry {
-                value: COMPLETED.to_string(),
-                fingerprint: Some(fingerprint.to_string()),
-                expires_at: now + self.settings.completed_ttl,
-                owner_deadline: None,
-            },
-        );
+        let entry = Entry {
+            value: COMPLETED.to_string(),
+            fingerprint: Some(fingerprint.to_string()),
+            expires_at: now + self.settings.completed_ttl,
+            owner_deadline: None,
+        };
+        self.entries().complete(order_id, entry, self.max_completed);
         Ok(())
     }
 
@@ -201,6 +245,42 @@ mod tests {
             completed_ttl: Duration::from_secs(3600),
             ..GuardSettings::default()
         })
+    }
+
+    #[tokio::test]
+    async fn completed_markers_are_bounded_oldest_first_and_reservations_never_forgotten() {
+        let g = MemoryGuard::bounded(
+            GuardSettings {
+                prefix: "orden:".into(),
+                processing_ttl: Duration::from_secs(3600),
+                completed_ttl: Duration::from_secs(3600),
+                ..GuardSettings::default()
+            },
+            100,
+        );
+        // Live reservations beyond the bound, then markers beyond it.
+        reserve(&g, ids("live", 150)).await;
+        complete(&g, ids("done", 250)).await;
+        // A marker written again is the newest, whatever its first write.
+        complete(&g, ids("done", 1)).await;
+        complete(&g, ids("late", 10)).await;
+        let kept = g.completed_orders().await.unwrap();
+        assert_eq!(kept.len(), 100, "markers kept");
+        assert_eq!(held(&g), 250, "150 reservations and 100 markers");
+        for id in ids("live", 150) {
+            assert_eq!(g.acquire(&id).await, Acquisition::InProgress, "{id}");
+        }
+        // The newest are kept; the oldest forgotten (free to acquire: the store decides).
+        for id in ids("late", 10).chain(["done-0".to_string(), "done-249".to_string()]) {
+            assert!(
+                matches!(g.acquire(&id).await, Acquisition::Completed { .. }),
+                "{id}"
+            );
+        }
+        assert!(matches!(
+            g.acquire("done-1").await,
+            Acquisition::Acquired(_)
+        ));
     }
 
     /// Entries held in memory, live or not (what the sweep bounds).

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub use self::memory::MemoryGuard;
+pub use self::memory::{MemoryGuard, MEMORY_GUARD_MAX_COMPLETED};
 pub use self::redis::{RedisGuard, Topology};
 
 /// Value prefix of a key held by a worker; the token follows it.

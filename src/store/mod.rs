@@ -175,6 +175,23 @@ pub struct RejectedRecord {
     pub deliveries: i64,
 }
 
+/// The identity a store reports: the id its schema made once, bound to
+/// where the database lives now (`place`: what a copy cannot share). A
+/// copy of the database (`CREATE DATABASE … AS COPY OF`, a restore as a new
+/// database, a BACPAC import, a copied SQLite file) carries the stored id
+/// but lives elsewhere, so its identity differs, and the completion markers
+/// one writes never answer for the other. `<stored id>.<16 hex digits>`:
+/// no `/`, which separates a marker's identity from its fingerprint.
+pub fn bound_identity(stored: &str, place: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for part in place {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    let digest = hex(&h.finalize());
+    format!("{stored}.{}", &digest[..16])
+}
+
 /// A store failure, classified for the processor.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
@@ -195,9 +212,10 @@ pub trait OrderStore: Send + Sync {
     /// Create or upgrade the schema; idempotent and safe to run concurrently.
     async fn migrate(&self) -> Result<(), StoreError>;
 
-    /// This database's identity, made once with the schema (a restore keeps
-    /// it; another database has another): what binds the guard's completion
-    /// markers to this store.
+    /// This database's identity ([`bound_identity`]): made once with the
+    /// schema and bound to where the database lives, so an in-place restore
+    /// keeps it and a copy or another database has another. What binds the
+    /// guard's completion markers to this store.
     async fn identity(&self) -> Result<String, StoreError>;
 
     /// Insert the order `Received`, or classify the row that holds its id.

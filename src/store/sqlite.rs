@@ -125,6 +125,45 @@ struct PressureCounters {
 pub struct SqliteStore {
     jobs: mpsc::SyncSender<Job>,
     pressure: Arc<PressureCounters>,
+    /// Where the file lives, for [`super::bound_identity`].
+    place: [String; 3],
+}
+
+/// What a copy of the file cannot share with the original: its full path,
+/// its device and inode (another file, even at the same path after a move),
+/// and the machine (its `/etc/machine-id`, else its host name: the same
+/// path on another machine is another database).
+fn place_of(path: &Path) -> [String; 3] {
+    let full = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let file = std::fs::metadata(&full).map_or_else(
+        |_| String::new(),
+        |m| {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::MetadataExt;
+                format!("{}:{}", m.dev(), m.ino())
+            }
+            #[cfg(not(unix))]
+            {
+                let _ = m;
+                String::new()
+            }
+        },
+    );
+    let machine = [
+        "/etc/machine-id",
+        "/var/lib/dbus/machine-id",
+        "/proc/sys/kernel/hostname",
+    ]
+    .iter()
+    .find_map(|f| {
+        std::fs::read_to_string(f)
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+    })
+    .unwrap_or_default();
+    [full.display().to_string(), file, machine]
 }
 
 impl SqliteStore {
@@ -143,6 +182,7 @@ impl SqliteStore {
             .map_err(classify)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(classify)?;
+        let place = place_of(path);
         let (jobs, queue) = mpsc::sync_channel::<Job>(MAX_QUEUED);
         let pressure = Arc::new(PressureCounters::default());
         let counters = Arc::clone(&pressure);
@@ -150,7 +190,11 @@ impl SqliteStore {
             .name("sqlite-writer".into())
             .spawn(move || writer(conn, queue, &counters))
             .map_err(|e| StoreError::Permanent(format!("cannot start the SQLite writer: {e}")))?;
-        Ok(SqliteStore { jobs, pressure })
+        Ok(SqliteStore {
+            jobs,
+            pressure,
+            place,
+        })
     }
 
     /// Calls refused (queue full) and skipped (caller gone) so far.
@@ -310,6 +354,30 @@ fn insert_rejection(conn: &Connection, r: &Rejection) -> Result<(), rusqlite::Er
     Ok(())
 }
 
+/// The forward-only update changed no row: done by another worker if the
+/// row is terminal; an error if it is missing (a file replaced or restored
+/// under a running process), never a duplicate, so the caller retries.
+fn not_received(conn: &Connection, order_id: &str) -> Result<Execution, rusqlite::Error> {
+    match read_order(conn, order_id)? {
+        Some(row) if row.status.is_terminal() => Ok(Execution::AlreadyDone),
+        Some(row) => Err(protocol_error(format!(
+            "order {order_id}: the update of a Received order changed no row but the order is {}",
+            row.status.as_str()
+        ))),
+        None => Err(protocol_error(format!(
+            "order {order_id}: no row to execute (was it accepted?)"
+        ))),
+    }
+}
+
+/// An error of ours, with its message, as the writer's calls return them.
+fn protocol_error(message: String) -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+        Some(message),
+    )
+}
+
 fn status(text: &str) -> Result<OrderStatus, rusqlite::Error> {
     OrderStatus::from_str(text).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.into())
@@ -363,8 +431,11 @@ impl OrderStore for SqliteStore {
     }
 
     async fn identity(&self) -> Result<String, StoreError> {
-        self.with(|conn| conn.query_row("SELECT Id FROM StoreIdentity LIMIT 1", [], |r| r.get(0)))
-            .await
+        let stored: String = self
+            .with(|conn| conn.query_row("SELECT Id FROM StoreIdentity LIMIT 1", [], |r| r.get(0)))
+            .await?;
+        let place: Vec<&str> = self.place.iter().map(String::as_str).collect();
+        Ok(super::bound_identity(&stored, &place))
     }
 
     async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError> {
@@ -451,7 +522,7 @@ impl OrderStore for SqliteStore {
                         )?
                         .execute([&o.order_id])?;
                     if changed != 1 {
-                        return Ok(Execution::AlreadyDone);
+                        return not_received(&tx, &o.order_id);
                     }
                     let rejection =
                         Rejection::position_overflow(&o, &event_id, &raw_event, &overflow);
@@ -467,7 +538,7 @@ impl OrderStore for SqliteStore {
                 ))?
                 .execute([&o.order_id])?;
             if changed != 1 {
-                return Ok(Execution::AlreadyDone);
+                return not_received(&tx, &o.order_id);
             }
             tx.prepare_cached(&format!(
                 "INSERT INTO Positions (AccountId, Symbol, Quantity, UpdatedAt)

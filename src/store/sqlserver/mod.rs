@@ -510,7 +510,10 @@ async fn identity_on(client: &mut Client) -> Result<String, SqlError> {
         .into_row()
         .await?
         .ok_or_else(|| conversion("StoreIdentity has no row".into()))?;
-    text(&row, 0, "Id")
+    let stored = text(&row, 0, "Id")?;
+    let server = opt_text(&row, 1)?.unwrap_or_default();
+    let database = opt_text(&row, 2)?.unwrap_or_default();
+    Ok(super::bound_identity(&stored, &[&server, &database]))
 }
 
 async fn position_on(

@@ -200,8 +200,13 @@ pub const SELECT_REJECTIONS_WITHOUT_ORDER: &str = "SELECT Kind, OrderId, Reason,
      ExistingFingerprint, RawEvent, Deliveries \
      FROM dbo.RejectedEvents WHERE OrderId IS NULL ORDER BY Id";
 
-/// This database's identity (made with the schema).
-pub const SELECT_IDENTITY: &str = "SELECT TOP 1 Id FROM dbo.StoreIdentity";
+/// This database's identity as made with the schema, and where the
+/// database lives now: the server's name and the database's (a copy, a
+/// restore as a new database or an import has another name or another
+/// server; see `store::bound_identity`).
+pub const SELECT_IDENTITY: &str =
+    "SELECT TOP 1 Id, CONVERT(NVARCHAR(256), @@SERVERNAME) AS ServerName, \
+     CONVERT(NVARCHAR(256), DB_NAME()) AS DatabaseName FROM dbo.StoreIdentity";
 
 /// Sent instead of the COMMIT by the `sqlserver_commit=return(fail)` fault
 /// point (tests only): a statement the server fails (8134), which under

@@ -1,0 +1,128 @@
+//! Issue 20 point 4: no value an event carries can forge a log line. The
+//! Functions host makes every stdout line of the handler a log entry of its
+//! own, so an event id of `"e1\nFORGED order o-9 executed"` written raw would
+//! be a line saying an order executed. The real binary replays events whose
+//! logged fields (event id, order id, reason) carry line breaks and other
+//! control characters; every line it prints must be one of its own.
+
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+/// What an attacker wants a line of its own to say.
+const FORGED: &str = "FORGED order o-9 executed";
+
+/// `order-guard replay` of `deliveries` on the embedded defaults, with every
+/// log level on; everything it printed.
+fn replay(deliveries: &Value, vars: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("events.json");
+    std::fs::write(&file, deliveries.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_order-guard"))
+        .arg("replay")
+        .arg(&file)
+        .env_clear()
+        .env("RUST_LOG", "trace")
+        .envs(vars.iter().copied())
+        .current_dir(dir.path())
+        .output()
+        .expect("run order-guard");
+    assert!(out.status.success(), "replay failed: {out:?}");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn event(id: &str, data: Value) -> Value {
+    json!({
+        "id": id,
+        "eventType": "Trading.Order.Placed",
+        "subject": "orders",
+        "eventTime": "2025-06-14T09:30:02Z",
+        "dataVersion": "1.0",
+        "data": data,
+    })
+}
+
+fn order(id: &str) -> Value {
+    json!({"orderId": id, "accountId": "acc-1", "side": "buy", "symbol": "MSFT", "quantity": "1"})
+}
+
+/// Every line holding the forged text also holds the escape that kept it on
+/// its line, and no line starts with it.
+fn assert_not_forged(output: &str, escape: &str) {
+    let holding: Vec<&str> = output.lines().filter(|l| l.contains(FORGED)).collect();
+    assert!(
+        !holding.is_empty(),
+        "the forged text was not logged at all (the test proves nothing): {output}"
+    );
+    for line in holding {
+        assert!(
+            !line.trim_start().starts_with(FORGED),
+            "a line of the event's own making: {line:?} in\n{output}"
+        );
+        assert!(
+            line.contains(&format!("{escape}{FORGED}")),
+            "not escaped: {line:?}"
+        );
+    }
+}
+
+#[test]
+fn an_event_id_cannot_forge_a_line() {
+    let out = replay(&json!([event(&format!("e1\n{FORGED}"), order("o-1"))]), &[]);
+    assert!(out.contains("executed"), "{out}");
+    assert_not_forged(&out, "\\n");
+}
+
+#[test]
+fn an_event_id_of_a_poison_event_cannot_forge_a_line() {
+    // Poison (no quantity): logged by the rejection path, with its own line format.
+    let out = replay(
+        &json!([event(
+            &format!("e2\r\n{FORGED}"),
+            json!({"orderId": "o-2", "accountId": "a", "side": "buy", "symbol": "X"})
+        )]),
+        &[],
+    );
+    assert!(out.contains("rejected"), "{out}");
+    assert_not_forged(&out, "\\r\\n");
+}
+
+#[test]
+fn an_order_id_with_a_line_break_is_refused_not_logged() {
+    let out = replay(&json!([event("e3", order(&format!("o-3\n{FORGED}")))]), &[]);
+    assert!(
+        out.contains("orderId must not contain control characters"),
+        "{out}"
+    );
+    assert!(
+        out.lines().all(|l| !l.trim_start().starts_with(FORGED)),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_reason_cannot_forge_a_line() {
+    // The reason quotes what the event sent: an unknown field's name, an
+    // event type, a side.
+    let mut unknown = order("o-4");
+    unknown[format!("x\n{FORGED}")] = json!(1);
+    let mut side = order("o-5");
+    side["side"] = json!(format!("b\n{FORGED}"));
+    let typed = json!({
+        "id": "e6", "eventType": format!("T\u{2028}{FORGED}"), "subject": "s",
+        "eventTime": "2025-06-14T09:30:02Z", "dataVersion": "1", "data": order("o-6"),
+    });
+    let out = replay(
+        &json!([event("e4", unknown), event("e5", side), typed]),
+        &[("ORDER_EVENT_TYPES", "Trading.Order.Placed")],
+    );
+    assert!(out.matches("rejected").count() >= 3, "{out}");
+    for line in out.lines() {
+        assert!(!line.trim_start().starts_with(FORGED), "{line:?} in\n{out}");
+    }
+    assert!(out.contains(&format!("\\u{{2028}}{FORGED}")), "{out}");
+}
