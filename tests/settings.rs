@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use order_guard::config::Config;
 use serde_json::Value;
 
-/// Set by the Functions host or the platform, never by the user.
-const SET_BY_THE_PLATFORM: [&str; 3] = [
-    "FUNCTIONS_CUSTOMHANDLER_PORT",
-    "FUNCTIONS_HTTPWORKER_PORT",
-    "WEBSITE_INSTANCE_ID",
-];
+/// Set by the Functions host or the platform, never by the user: the port,
+/// and the variables that say which hosting plan this is (`hosting::VARIABLES`).
+fn set_by_the_platform(k: &str) -> bool {
+    ["FUNCTIONS_CUSTOMHANDLER_PORT", "FUNCTIONS_HTTPWORKER_PORT"].contains(&k)
+        || order_guard::hosting::VARIABLES.contains(&k)
+}
 
 /// Entries the Functions host reads, not the handler.
 const READ_BY_THE_HOST: [&str; 2] = ["FUNCTIONS_WORKER_RUNTIME", "AzureWebJobsStorage"];
@@ -80,7 +80,7 @@ fn the_example_holds_every_setting_the_handler_reads_and_nothing_else() {
     let user_settings: BTreeSet<&str> = read
         .iter()
         .map(String::as_str)
-        .filter(|k| !SET_BY_THE_PLATFORM.contains(k))
+        .filter(|k| !set_by_the_platform(k))
         .chain(READ_OUTSIDE_CONFIG)
         .collect();
     let missing: Vec<&&str> = user_settings
