@@ -5,9 +5,11 @@
 #    free loopback port; they fail loudly when it is missing);
 # 2. starts the real T-SQL engine (scripts/tsql-engine.sh) for the SQL Server
 #    tests, unless ORDER_GUARD_TEST_MSSQL already names a server (your own SQL
-#    Server or Azure SQL: see the README). With CI=true the engine is required;
-#    elsewhere its absence is said once and the SQL Server tests do not run
-#    (the T-SQL is still parsed below);
+#    Server or Azure SQL: see the README). With
+#    ORDER_GUARD_REQUIRE_TSQL_ENGINE=true (the project's own CI: .ci/run sets
+#    it) the engine is required; elsewhere, a fork's CI included (CI=true says
+#    nothing here), its absence is said once and the SQL Server tests do not
+#    run (the T-SQL is still parsed below);
 # 3. checks formatting and lints;
 # 4. runs every test target, with the fault points compiled in.
 set -euo pipefail
@@ -25,8 +27,8 @@ if [ -z "${ORDER_GUARD_TEST_MSSQL:-}" ]; then
     export ORDER_GUARD_TSQL_SERVER="$engine"
     started_engine=1
     trap 'scripts/tsql-engine.sh stop || true' EXIT
-  elif [ "${CI:-}" = "true" ]; then
-    echo "error: CI runs the SQL Server tests on the T-SQL engine, and none was found: $(scripts/tsql-engine.sh path 2>&1 || true)" >&2
+  elif [ "${ORDER_GUARD_REQUIRE_TSQL_ENGINE:-}" = "true" ]; then
+    echo "error: ORDER_GUARD_REQUIRE_TSQL_ENGINE=true: the SQL Server tests must run on the T-SQL engine, and none was found: $(scripts/tsql-engine.sh path 2>&1 || true) (or set ORDER_GUARD_TEST_MSSQL to a server of your own)" >&2
     exit 1
   fi
 fi

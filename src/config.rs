@@ -10,6 +10,7 @@ use crate::finished::FinishedCacheSettings;
 use crate::guard::GuardSettings;
 use crate::guard::MEMORY_GUARD_MAX_COMPLETED;
 use crate::host::Limits;
+use crate::hosting;
 use crate::order::FractionalNumbers;
 use crate::processor::{GuardPolicy, ProcessorSettings};
 use crate::store::sqlserver::SqlServerSettings;
@@ -256,16 +257,18 @@ impl Config {
         // On Azure the embedded state is wrong: the app root may be a
         // read-only package mount or a shared file system where SQLite's
         // locks are unsafe, and a memory guard or a local file is one per
-        // instance. Refuse to start rather than run that way by accident.
-        if val("WEBSITE_INSTANCE_ID").is_some()
-            && !allowed(val("ORDER_GUARD_ALLOW_EMBEDDED_STATE"))?
-        {
-            for var in ["REDIS_URL", "SQL_CONNECTION_STRING"] {
-                if val(var).is_none() {
-                    return Err(err(
-                        var,
-                        "is not set, and this runs in Azure (WEBSITE_INSTANCE_ID is set), where the embedded default (in-memory guard, SQLite file in the app root) is per instance and unsafe; set it in the app's Application settings, or set ORDER_GUARD_ALLOW_EMBEDDED_STATE=true to run on the embedded default anyway",
-                    ));
+        // instance. Refuse to start rather than run that way by accident, on
+        // every hosting plan the Functions host itself recognises
+        // (`hosting::detect`, from the host's EnvironmentExtensions.cs).
+        if let Some(azure) = hosting::detect(&get) {
+            if !allowed(val("ORDER_GUARD_ALLOW_EMBEDDED_STATE"))? {
+                for var in ["REDIS_URL", "SQL_CONNECTION_STRING"] {
+                    if val(var).is_none() {
+                        return Err(err(
+                            var,
+                            format!("is not set, and this runs in Azure on {azure}, where the embedded default (in-memory guard, SQLite file in the app root) is per instance and unsafe; set it in the app's Application settings, or set ORDER_GUARD_ALLOW_EMBEDDED_STATE=true to run on the embedded default anyway"),
+                        ));
+                    }
                 }
             }
         }
@@ -781,6 +784,134 @@ mod tests {
         assert_eq!(e.var, "ORDER_GUARD_ALLOW_EMBEDDED_STATE");
         // Outside Azure the embedded default needs nothing.
         assert!(config(&[]).is_ok());
+    }
+
+    /// On a hosting plan (its environment as the platform sets it: the
+    /// variables `hosting::detect` reads, beside others the platform sets),
+    /// a missing `REDIS_URL` or `SQL_CONNECTION_STRING` is refused with the
+    /// plan's name and the variable that showed it, unless allowed.
+    fn refused_on(name: &str, plan: &[(&'static str, &'static str)]) {
+        let sql = "Server=tcp:db,1433;Initial Catalog=o;User ID=u;Password=p";
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut pairs = plan.to_vec();
+            pairs.extend_from_slice(extra);
+            config(&pairs)
+        };
+        let e = with(&[]).unwrap_err();
+        assert_eq!(e.var, "REDIS_URL", "{name}: {e}");
+        assert!(e.to_string().contains(name), "{name}: {e}");
+        let e = with(&[("REDIS_URL", "redis://cache:6379")]).unwrap_err();
+        assert_eq!(e.var, "SQL_CONNECTION_STRING", "{name}: {e}");
+        assert!(e.to_string().contains(name), "{name}: {e}");
+        let shown = plan
+            .iter()
+            .map(|(k, _)| *k)
+            .find(|k| crate::hosting::VARIABLES.contains(k) && e.to_string().contains(k));
+        assert!(shown.is_some(), "{name}: {e} names none of {plan:?}");
+        let e = with(&[("SQL_CONNECTION_STRING", "sqlite:/home/orders.db")]).unwrap_err();
+        assert_eq!(e.var, "REDIS_URL", "{name}: {e}");
+        let both = with(&[
+            ("REDIS_URL", "redis://cache:6379"),
+            ("SQL_CONNECTION_STRING", sql),
+        ]);
+        assert!(both.is_ok(), "{name}: {both:?}");
+        let allowed = with(&[("ORDER_GUARD_ALLOW_EMBEDDED_STATE", "true")]);
+        assert!(
+            matches!(allowed.map(|c| c.guard), Ok(GuardConfig::Memory)),
+            "{name}"
+        );
+        let e = with(&[("ORDER_GUARD_ALLOW_EMBEDDED_STATE", "yes")]).unwrap_err();
+        assert_eq!(e.var, "ORDER_GUARD_ALLOW_EMBEDDED_STATE", "{name}");
+    }
+
+    #[test]
+    fn refused_on_windows_consumption() {
+        refused_on(
+            "Consumption (Windows)",
+            &[
+                ("WEBSITE_INSTANCE_ID", "8c3ab2d1e5f64d7e"),
+                ("WEBSITE_SKU", "Dynamic"),
+                ("WEBSITE_SITE_NAME", "orders"),
+            ],
+        );
+    }
+
+    #[test]
+    fn refused_on_linux_consumption() {
+        refused_on(
+            "Consumption (Linux)",
+            &[
+                ("CONTAINER_NAME", "E9A1C2_orders"),
+                ("WEBSITE_SITE_NAME", "orders"),
+                ("WEBSITE_SKU", "Dynamic"),
+            ],
+        );
+    }
+
+    #[test]
+    fn refused_on_flex_consumption() {
+        refused_on(
+            "Flex Consumption",
+            &[
+                ("WEBSITE_SKU", "FlexConsumption"),
+                ("CONTAINER_NAME", "orders-7f9c"),
+                ("LEGION_SERVICE_HOST", "10.1.0.4"),
+            ],
+        );
+        // In placeholder mode, before the site's settings (the SKU) arrive.
+        refused_on(
+            "Flex Consumption",
+            &[
+                ("WEBSITE_POD_NAME", "orders-7f9c"),
+                ("LEGION_SERVICE_HOST", "10.1.0.4"),
+            ],
+        );
+    }
+
+    #[test]
+    fn refused_on_premium() {
+        refused_on(
+            "Premium (Elastic Premium)",
+            &[
+                ("WEBSITE_INSTANCE_ID", "8c3ab2d1e5f64d7e"),
+                ("WEBSITE_SKU", "ElasticPremium"),
+            ],
+        );
+    }
+
+    #[test]
+    fn refused_on_dedicated() {
+        refused_on(
+            "Dedicated (App Service plan)",
+            &[
+                ("WEBSITE_INSTANCE_ID", "8c3ab2d1e5f64d7e"),
+                ("WEBSITE_SKU", "PremiumV3"),
+                ("FUNCTIONS_LOGS_MOUNT_PATH", "/var/log/functionsLogs"),
+            ],
+        );
+    }
+
+    #[test]
+    fn refused_on_container_apps() {
+        refused_on(
+            "Azure Container Apps",
+            &[
+                ("MANAGED_ENVIRONMENT", "true"),
+                ("CONTAINER_APP_NAME", "orders"),
+                ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ],
+        );
+    }
+
+    #[test]
+    fn refused_on_app_service_on_kubernetes() {
+        refused_on(
+            "App Service on Kubernetes (Azure Arc)",
+            &[
+                ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+                ("POD_NAMESPACE", "k8se-apps"),
+            ],
+        );
     }
 
     #[test]

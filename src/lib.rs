@@ -6,7 +6,8 @@
 //! the processor performs the steps that [`decision`] (pure) chooses, and
 //! keeps [`finished`], this instance's cache of finished orders;
 //! [`position`] is the exact arithmetic of positions (pure) the stores apply.
-//! [`config`] reads the environment; [`app`] wires the pieces together for the
+//! [`config`] reads the environment (and [`hosting`], pure, says which Azure
+//! hosting plan it describes); [`app`] wires the pieces together for the
 //! binary's commands.
 
 pub mod app;
@@ -17,6 +18,7 @@ pub mod faults;
 pub mod finished;
 pub mod guard;
 pub mod host;
+pub mod hosting;
 pub mod order;
 pub mod position;
 pub mod processor;

@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use order_guard::config::Config;
 use serde_json::Value;
 
-/// Set by the Functions host or the platform, never by the user.
-const SET_BY_THE_PLATFORM: [&str; 3] = [
-    "FUNCTIONS_CUSTOMHANDLER_PORT",
-    "FUNCTIONS_HTTPWORKER_PORT",
-    "WEBSITE_INSTANCE_ID",
-];
+/// Set by the Functions host or the platform, never by the user: the port,
+/// and the variables that say which hosting plan this is (`hosting::VARIABLES`).
+fn set_by_the_platform(k: &str) -> bool {
+    ["FUNCTIONS_CUSTOMHANDLER_PORT", "FUNCTIONS_HTTPWORKER_PORT"].contains(&k)
+        || order_guard::hosting::VARIABLES.contains(&k)
+}
 
 /// Entries the Functions host reads, not the handler.
 const READ_BY_THE_HOST: [&str; 2] = ["FUNCTIONS_WORKER_RUNTIME", "AzureWebJobsStorage"];
@@ -80,7 +80,7 @@ fn the_example_holds_every_setting_the_handler_reads_and_nothing_else() {
     let user_settings: BTreeSet<&str> = read
         .iter()
         .map(String::as_str)
-        .filter(|k| !SET_BY_THE_PLATFORM.contains(k))
+        .filter(|k| !set_by_the_platform(k))
         .chain(READ_OUTSIDE_CONFIG)
         .collect();
     let missing: Vec<&&str> = user_settings
@@ -117,4 +117,65 @@ fn the_handler_reads_its_log_filter_from_rust_log() {
         app.contains("env_logger::Env::default()"),
         "app.rs no longer builds its logger from env_logger's default (RUST_LOG) environment"
     );
+}
+
+/// Copied unedited for `func start`, the example gives the embedded defaults
+/// (in-memory guard, SQLite file), not placeholder Azure hosts that would
+/// make every event `retry`.
+#[test]
+fn the_example_copied_unedited_runs_on_the_embedded_defaults() {
+    use order_guard::config::{GuardConfig, StoreConfig, DEFAULT_SQLITE_PATH};
+    let example = example_values();
+    let config = Config::from_lookup(|k| example.get(k).cloned()).expect("the example is accepted");
+    assert_eq!(
+        config.guard,
+        GuardConfig::Memory,
+        "REDIS_URL must be empty in the example"
+    );
+    assert_eq!(
+        config.store,
+        StoreConfig::Sqlite {
+            path: DEFAULT_SQLITE_PATH.into()
+        },
+        "SQL_CONNECTION_STRING must be empty in the example"
+    );
+}
+
+/// Copied into an Azure app as it is, the example must not start there on
+/// the embedded defaults: every hosting plan refuses it.
+#[test]
+fn the_example_copied_into_azure_is_refused() {
+    let example = example_values();
+    for plan in [
+        ("WEBSITE_INSTANCE_ID", "8c3ab2d1e5f64d7e"),
+        ("CONTAINER_NAME", "E9A1C2_orders"),
+        ("WEBSITE_SKU", "FlexConsumption"),
+        ("MANAGED_ENVIRONMENT", "true"),
+    ] {
+        let mut env = example.clone();
+        env.insert(plan.0.into(), plan.1.into());
+        let e = Config::from_lookup(|k| env.get(k).cloned())
+            .expect_err("the example must be refused on an Azure plan");
+        assert_eq!(e.var, "REDIS_URL", "{plan:?}: {e}");
+    }
+}
+
+/// The host's storage connection in the example is the local emulator's
+/// (Azurite): the README must say it is never copied into Azure.
+#[test]
+fn the_readme_says_which_local_settings_are_never_copied() {
+    let example = example_values();
+    assert_eq!(example["AzureWebJobsStorage"], "UseDevelopmentStorage=true");
+    let readme = include_str!("../README.md");
+    let section = readme
+        .split("never copied")
+        .nth(1)
+        .expect("the README has a passage on settings never copied into Azure");
+    let passage: String = section.chars().take(1500).collect();
+    for k in ["AzureWebJobsStorage", "ORDER_GUARD_ALLOW_EMBEDDED_STATE"] {
+        assert!(
+            passage.contains(k),
+            "the README's 'never copied' passage does not name {k}"
+        );
+    }
 }
