@@ -841,6 +841,7 @@ mod tests {
         refused_on(
             "Consumption (Linux)",
             &[
+                ("FUNCTIONS_WORKER_RUNTIME", "custom"),
                 ("CONTAINER_NAME", "E9A1C2_orders"),
                 ("WEBSITE_SITE_NAME", "orders"),
                 ("WEBSITE_SKU", "Dynamic"),
@@ -862,6 +863,7 @@ mod tests {
         refused_on(
             "Flex Consumption",
             &[
+                ("FUNCTIONS_WORKER_RUNTIME", "custom"),
                 ("WEBSITE_POD_NAME", "orders-7f9c"),
                 ("LEGION_SERVICE_HOST", "10.1.0.4"),
             ],
@@ -908,6 +910,7 @@ mod tests {
         refused_on(
             "App Service on Kubernetes (Azure Arc)",
             &[
+                ("FUNCTIONS_WORKER_RUNTIME", "custom"),
                 ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
                 ("POD_NAMESPACE", "k8se-apps"),
             ],

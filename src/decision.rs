@@ -11,21 +11,19 @@
 //! Recall ──┬─ finished here, same content ────────► answer duplicate
 //!          ├─ finished here, other content ───────► StoreConflict
 //!          └─ not known here ─────────────────────► Acquire
-//! Acquire ─┬─ acquired / taken over ──────────────► Accept (holding a token)
+//! Acquire ─┬─ acquired / taken over ──────────────► Execute (holding a token)
 //!          ├─ COMPLETADA, same content ───────────► answer duplicate
 //!          ├─ COMPLETADA, other content ──────────► StoreConflict
-//!          ├─ COMPLETADA, marker not usable ──────► Accept (no token)
+//!          ├─ COMPLETADA, marker not usable ──────► Execute (no token)
 //!          ├─ held by another reservation ────────► ReadRow
-//!          └─ guard unreachable ─── policy ───────► answer retry | Accept (no guard)
+//!          └─ guard unreachable ─── policy ───────► answer retry | Execute (no guard)
 //! ReadRow ─┬─ same order, terminal ───────────────► MarkCompleted → duplicate
 //!          ├─ other content ──────────────────────► StoreConflict
 //!          └─ anything else ──────────────────────► answer in_progress
-//! Accept ──┬─ new / resumed ──────────────────────► Execute
+//! Execute ─┬─ executed (inserted or resumed) ─────► MarkCompleted → executed
 //!          ├─ already terminal ───────────────────► MarkCompleted → duplicate
-//!          ├─ other content ──────────────────────► StoreConflict
-//!          └─ failed ─────────────────────────────► Release → retry
-//! Execute ─┬─ executed / already done ────────────► MarkCompleted → executed / duplicate
 //!          ├─ rejected (position overflow, stored) ► MarkCompleted → rejected
+//!          ├─ other content (conflict, stored) ───► Release → conflict
 //!          └─ failed ─────────────────────────────► Release → retry
 //! StoreConflict ─ stored / failed ────────────────► Release → conflict / retry
 //! ```
@@ -38,7 +36,7 @@
 use serde::Serialize;
 
 use crate::order::{fingerprint_version, OrderStatus};
-use crate::store::{Admission, Execution};
+use crate::store::Execution;
 
 /// How one event ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
@@ -112,11 +110,11 @@ pub enum Step {
     Acquire,
     /// Another reservation holds the id: read the order's row.
     ReadRow,
-    /// Insert the order `Received` under the unique index.
-    Accept,
-    /// Move `Received → Executed` with its position effect, once (or
-    /// `Received → Rejected`, stored with its reason, when the position
-    /// would overflow).
+    /// The store's one call: insert the order under the unique index (or
+    /// find the row holding its id) and, in the same transaction, move it
+    /// `Received → Executed` with its position effect, once (or `Rejected`,
+    /// stored with its reason, when the position would overflow); a row of
+    /// another order is stored as a conflict.
     Execute,
     /// Write `COMPLETADA` with this store's marker (its failure changes nothing:
     /// the store already holds the truth).
@@ -165,11 +163,9 @@ pub enum Reply {
     GuardUnavailable,
     /// [`Step::ReadRow`]: the row judged by [`held_elsewhere_verdict`].
     Row(HeldElsewhere),
-    /// [`Step::Accept`].
-    Admitted(Admission),
     /// [`Step::Execute`].
     Executed(Execution),
-    /// [`Step::Accept`], [`Step::Execute`] or [`Step::StoreConflict`] failed
+    /// [`Step::Execute`] or [`Step::StoreConflict`] failed
     /// (an error, a fault, or the deadline): its effect may still happen.
     Failed,
     /// [`Step::StoreConflict`] stored the conflict.
@@ -210,11 +206,6 @@ impl Decision {
         (d, first)
     }
 
-    /// Whether this event holds a reservation token now.
-    pub fn holds_token(&self) -> bool {
-        self.holds_token
-    }
-
     /// The next step, given what the awaited step answered. A reply that does
     /// not belong to the awaited step is a bug in the caller: answered `retry`
     /// (never acknowledged), and caught by a debug assertion.
@@ -230,19 +221,19 @@ impl Decision {
             },
             (Step::Acquire, Reply::Acquired { .. }) => {
                 self.holds_token = true;
-                Step::Accept
+                Step::Execute
             }
             (Step::Acquire, Reply::Completed(v)) => match v {
                 CompletedVerdict::Duplicate => Step::Answer(K::Duplicate, Why::Done),
                 CompletedVerdict::Conflict(_) => Step::StoreConflict,
-                CompletedVerdict::AskStore => Step::Accept,
+                CompletedVerdict::AskStore => Step::Execute,
             },
             (Step::Acquire, Reply::Held) => Step::ReadRow,
             (Step::Acquire, Reply::GuardUnavailable) => match self.policy {
                 GuardPolicy::Retry => Step::Answer(K::Retry, Why::GuardUnavailable),
                 GuardPolicy::Proceed => {
                     self.use_guard = false;
-                    Step::Accept
+                    Step::Execute
                 }
             },
             (Step::ReadRow, Reply::Row(v)) => match v {
@@ -250,21 +241,19 @@ impl Decision {
                 HeldElsewhere::Conflict(_) => Step::StoreConflict,
                 HeldElsewhere::InProgress => Step::Answer(K::InProgress, Why::HeldElsewhere),
             },
-            (Step::Accept, Reply::Admitted(a)) => match a {
-                Admission::New | Admission::Resumed => Step::Execute,
-                Admission::AlreadyDone(_) => self.finish(K::Duplicate),
-                Admission::Conflict { .. } => Step::StoreConflict,
-            },
             (Step::Execute, Reply::Executed(Execution::Executed)) => self.finish(K::Executed),
             (Step::Execute, Reply::Executed(Execution::AlreadyDone)) => self.finish(K::Duplicate),
+            // Stored by the store in the same call: nothing executed, the
+            // reservation released so the id's owner is the store's row.
+            (Step::Execute, Reply::Executed(Execution::Conflict { .. })) => {
+                self.release_then(K::Conflict, Why::Conflict)
+            }
             // Terminal and stored like an executed order: marked completed,
             // so a redelivery is a duplicate.
             (Step::Execute, Reply::Executed(Execution::Rejected(_))) => {
                 self.finish_because(K::Rejected, Why::Refused)
             }
-            (Step::Accept | Step::Execute, Reply::Failed) => {
-                self.release_then(K::Retry, Why::StoreFailed)
-            }
+            (Step::Execute, Reply::Failed) => self.release_then(K::Retry, Why::StoreFailed),
             (Step::StoreConflict, Reply::Stored) => self.release_then(K::Conflict, Why::Conflict),
             (Step::StoreConflict, Reply::Failed) => {
                 self.release_then(K::Retry, Why::ConflictNotStored)
@@ -436,12 +425,11 @@ mod tests {
     const P: GuardPolicy = GuardPolicy::Proceed;
 
     #[test]
-    fn first_delivery_accepts_executes_and_marks_completed() {
+    fn first_delivery_executes_in_one_store_call_and_marks_completed() {
         let steps = run(
             P,
             &[
                 Reply::Acquired { taken_over: false },
-                Reply::Admitted(Admission::New),
                 Reply::Executed(Execution::Executed),
                 Reply::Done,
             ],
@@ -450,7 +438,6 @@ mod tests {
             steps,
             [
                 Step::Acquire,
-                Step::Accept,
                 Step::Execute,
                 Step::MarkCompleted,
                 Step::Answer(OutcomeKind::Executed, Why::Done)
@@ -469,13 +456,12 @@ mod tests {
             P,
             &[
                 Reply::Acquired { taken_over: false },
-                Reply::Admitted(Admission::Resumed),
                 Reply::Executed(Execution::Rejected(overflow)),
                 Reply::Done,
             ],
         );
         assert_eq!(
-            &steps[3..],
+            &steps[2..],
             [
                 Step::MarkCompleted,
                 Step::Answer(OutcomeKind::Rejected, Why::Refused)
@@ -486,7 +472,6 @@ mod tests {
             P,
             &[
                 Reply::GuardUnavailable,
-                Reply::Admitted(Admission::New),
                 Reply::Executed(Execution::Rejected(overflow)),
             ],
         );
@@ -498,12 +483,8 @@ mod tests {
 
     #[test]
     fn a_failed_store_step_releases_the_token_and_answers_retry() {
-        for failing_at in 1..=2 {
-            let mut replies = vec![Reply::Acquired { taken_over: true }];
-            if failing_at == 2 {
-                replies.push(Reply::Admitted(Admission::Resumed));
-            }
-            replies.extend([Reply::Failed, Reply::Done]);
+        for taken_over in [false, true] {
+            let replies = [Reply::Acquired { taken_over }, Reply::Failed, Reply::Done];
             let steps = run(P, &replies);
             assert_eq!(
                 &steps[steps.len() - 2..],
@@ -539,7 +520,6 @@ mod tests {
             P,
             &[
                 Reply::GuardUnavailable,
-                Reply::Admitted(Admission::New),
                 Reply::Executed(Execution::Executed),
             ],
         );
@@ -572,21 +552,21 @@ mod tests {
 
     #[test]
     fn a_conflict_is_stored_then_the_token_released() {
+        // Found and stored by the store's one call.
         let steps = run(
             P,
             &[
                 Reply::Acquired { taken_over: false },
-                Reply::Admitted(Admission::Conflict {
+                Reply::Executed(Execution::Conflict {
                     existing_fingerprint: "other".into(),
                 }),
-                Reply::Stored,
                 Reply::Done,
             ],
         );
         assert_eq!(
-            &steps[2..],
+            &steps[1..],
             [
-                Step::StoreConflict,
+                Step::Execute,
                 Step::Release,
                 Step::Answer(OutcomeKind::Conflict, Why::Conflict)
             ]

@@ -3,19 +3,17 @@
 //! Built only with `--features failpoints`; otherwise `fail_point!` expands to
 //! nothing and release builds carry no cost. Points are configured with the
 //! `FAILPOINTS` environment variable, e.g.
-//! `FAILPOINTS='after_accept=5%return(crash);before_complete=10%return(error)'`:
+//! `FAILPOINTS='after_guard_acquire=5%return(crash);before_complete=10%return(error)'`:
 //! `return(crash)` aborts the process on the spot (a worker dying mid-way),
 //! `return(error)` makes the step fail as a transient dependency error.
 
 /// After the guard reservation is taken, before the store is touched.
 pub const AFTER_GUARD_ACQUIRE: &str = "after_guard_acquire";
-/// After `accept` inserted (or found) the row, before `execute`.
-pub const AFTER_ACCEPT: &str = "after_accept";
 /// After `execute` committed, before the guard is marked `COMPLETADA`.
 pub const BEFORE_COMPLETE: &str = "before_complete";
 /// In guard release, before the compare-and-delete is sent.
 pub const IN_RELEASE: &str = "in_release";
-/// The COMMIT of the SQL Server store's `execute` transaction: `fail`,
+/// The COMMIT inside the SQL Server store's execution batch: `fail`,
 /// `skip`, `cut` or `crash` (see `store::sqlserver`).
 pub const SQLSERVER_COMMIT: &str = "sqlserver_commit";
 

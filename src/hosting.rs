@@ -18,7 +18,8 @@
 //! handler sees what the host sees.
 
 /// Every variable [`detect`] may read: set by the platform, never by the user.
-pub const VARIABLES: [&str; 8] = [
+pub const VARIABLES: [&str; 9] = [
+    "FUNCTIONS_WORKER_RUNTIME",
     "MANAGED_ENVIRONMENT",
     "WEBSITE_INSTANCE_ID",
     "WEBSITE_SKU",
@@ -119,6 +120,13 @@ pub fn detect(get: impl Fn(&str) -> Option<String>) -> Option<Detected> {
     if sku_is("FlexConsumption") {
         return found(Plan::FlexConsumption, "WEBSITE_SKU=FlexConsumption".into());
     }
+    // CONTAINER_NAME, WEBSITE_POD_NAME and the Kubernetes variables are set
+    // by other container platforms too (a CI runner, a plain Kubernetes pod):
+    // they count only in a Functions app, which always has
+    // FUNCTIONS_WORKER_RUNTIME (an app setting Azure requires; the host
+    // passes its environment on to the handler). The host itself needs no
+    // such gate: it knows it is the Functions host.
+    val("FUNCTIONS_WORKER_RUNTIME")?;
     let container = val("CONTAINER_NAME").map(|_| "CONTAINER_NAME");
     let pod = val("WEBSITE_POD_NAME").map(|_| "WEBSITE_POD_NAME");
     if val("LEGION_SERVICE_HOST").is_some() {
@@ -158,6 +166,9 @@ mod tests {
             .collect();
         detect(|k| env.get(k).cloned())
     }
+
+    /// What every Functions app has (the platform requires the setting).
+    const F: (&str, &str) = ("FUNCTIONS_WORKER_RUNTIME", "custom");
 
     fn plan(vars: &[(&str, &str)]) -> Option<Plan> {
         on(vars).map(|d| d.plan)
@@ -222,9 +233,27 @@ mod tests {
 
     #[test]
     fn linux_consumption_is_a_container_outside_app_service() {
-        let d = on(&[("CONTAINER_NAME", "E9A1C2_orders")]).unwrap();
+        let d = on(&[F, ("CONTAINER_NAME", "E9A1C2_orders")]).unwrap();
         assert_eq!(d.plan, Plan::LinuxConsumption);
         assert!(d.evidence.contains("CONTAINER_NAME"), "{d}");
+    }
+
+    /// The generic container variables alone (a CI runner, a container run
+    /// by hand, a plain Kubernetes pod) are not Azure Functions.
+    #[test]
+    fn container_variables_outside_a_functions_app_are_no_plan() {
+        assert_eq!(on(&[("CONTAINER_NAME", "uid-runner-1")]), None);
+        assert_eq!(
+            on(&[("LEGION_SERVICE_HOST", "l"), ("WEBSITE_POD_NAME", "p")]),
+            None
+        );
+        assert_eq!(
+            on(&[
+                ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+                ("POD_NAMESPACE", "ns")
+            ]),
+            None
+        );
     }
 
     #[test]
@@ -234,11 +263,11 @@ mod tests {
             Some(Plan::FlexConsumption)
         );
         assert_eq!(
-            plan(&[("LEGION_SERVICE_HOST", "l"), ("CONTAINER_NAME", "c")]),
+            plan(&[F, ("LEGION_SERVICE_HOST", "l"), ("CONTAINER_NAME", "c")]),
             Some(Plan::FlexConsumption)
         );
         assert_eq!(
-            plan(&[("LEGION_SERVICE_HOST", "l"), ("WEBSITE_POD_NAME", "p")]),
+            plan(&[F, ("LEGION_SERVICE_HOST", "l"), ("WEBSITE_POD_NAME", "p")]),
             Some(Plan::FlexConsumption)
         );
     }
@@ -260,6 +289,7 @@ mod tests {
     fn kubernetes_managed_hosting_needs_both_variables() {
         assert_eq!(
             plan(&[
+                F,
                 ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
                 ("POD_NAMESPACE", "ns")
             ]),

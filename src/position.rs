@@ -96,18 +96,25 @@ impl Position {
             .ok_or_else(|| InvalidPosition(format!("{d} is beyond DECIMAL(38,10)")))
     }
 
+    /// What an order of `side` and `quantity` adds to a position: the
+    /// quantity for a buy, its negation for a sell. A validated quantity
+    /// fits DECIMAL(28,10); one that does not becomes a change no position
+    /// can take (refused as an overflow by [`Position::apply`]) rather than
+    /// a rounded one.
+    pub fn change_of(side: Side, quantity: Decimal) -> Position {
+        let magnitude = Position::from_decimal(quantity).map_or(i128::MAX, |p| p.units);
+        Position {
+            units: match side {
+                Side::Buy => magnitude,
+                Side::Sell => -magnitude,
+            },
+        }
+    }
+
     /// The position after an order of `side` and `quantity`, or the
     /// [`Overflow`] that refuses it.
     pub fn apply(self, side: Side, quantity: Decimal) -> Result<Position, Overflow> {
-        // A validated quantity fits DECIMAL(28,10); one that does not is
-        // refused here too (as an overflow) rather than rounded.
-        let magnitude = Position::from_decimal(quantity).unwrap_or(Position { units: i128::MAX });
-        let change = Position {
-            units: match side {
-                Side::Buy => magnitude.units,
-                Side::Sell => -magnitude.units,
-            },
-        };
+        let change = Position::change_of(side, quantity);
         self.units
             .checked_add(change.units)
             .and_then(Position::from_units)

@@ -1,11 +1,11 @@
-//! The processor: the four steps of one order and the outcome table.
+//! The processor: the steps of one order and the outcome table.
 //!
 //! ```text
-//! 0. finished.recall(id) — this instance's cache of finished orders (if on)
-//! 1. guard.acquire(id)   — Redis SET NX EX (owner token)
-//! 2. store.accept(order) — INSERT under the unique index
-//! 3. store.execute(id)   — forward-only transition + position effect
-//! 4. guard.complete(id)  — COMPLETADA, long TTL
+//! 0. finished.recall(id)  — this instance's cache of finished orders (if on)
+//! 1. guard.acquire(id)    — Redis SET NX EX (owner token)
+//! 2. store.execute(order) — one call: INSERT under the unique index, the
+//!                           forward-only transition and the position effect
+//! 3. guard.complete(id)   — COMPLETADA, long TTL
 //! ```
 //!
 //! It depends only on the two traits and on `event`/`order`; it knows no wire
@@ -34,7 +34,7 @@ use crate::faults;
 use crate::finished::{FinishedCacheSettings, FinishedOrders};
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
 use crate::order::{probable_order_id, FractionalNumbers, Order};
-use crate::store::{Admission, Execution, OrderStore, Rejection, RejectionKind, StoreError};
+use crate::store::{conflict_reason, Execution, OrderStore, Rejection, RejectionKind, StoreError};
 
 /// One event's result, as the host and `replay` report it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -296,7 +296,7 @@ impl Processor {
         outcome
     }
 
-    /// Steps 1–4, as [`Decision`] orders them: this function only performs
+    /// The steps, as [`Decision`] orders them: this function only performs
     /// each step and hands its answer back.
     async fn process_order(&self, w: &Work<'_>) -> Outcome {
         let mut facts = Facts {
@@ -320,7 +320,6 @@ impl Processor {
                 Step::Recall => self.recall(w, &mut facts),
                 Step::Acquire => self.acquire(w, &mut facts).await,
                 Step::ReadRow => self.read_row(w, &mut facts).await,
-                Step::Accept => self.accept(w, &mut facts).await,
                 Step::Execute => self.execute(w, &mut facts).await,
                 Step::StoreConflict => self.store_conflict(w, &mut facts).await,
                 Step::MarkCompleted => {
@@ -434,43 +433,15 @@ impl Processor {
         Reply::Row(verdict)
     }
 
-    /// Step 2: insert the order under the unique index.
-    async fn accept(&self, w: &Work<'_>, facts: &mut Facts) -> Reply {
-        let accepted = self
+    /// Step 2: the store's one call: the order inserted (or its row found)
+    /// and executed once, or a conflict stored.
+    async fn execute(&self, w: &Work<'_>, facts: &mut Facts) -> Reply {
+        let executed = self
             .by_deadline(w, async {
                 fail_point!(faults::AFTER_GUARD_ACQUIRE, |arg| Err(fault(
                     faults::AFTER_GUARD_ACQUIRE,
                     arg
                 )));
-                let admission = self.store.accept(&w.order, w.event_id).await?;
-                fail_point!(faults::AFTER_ACCEPT, |arg| Err(fault(
-                    faults::AFTER_ACCEPT,
-                    arg
-                )));
-                Ok(admission)
-            })
-            .await;
-        match accepted {
-            Ok(admission) => {
-                if let Admission::Conflict {
-                    existing_fingerprint,
-                } = &admission
-                {
-                    facts.existing = Some(existing_fingerprint.clone());
-                }
-                Reply::Admitted(admission)
-            }
-            Err(e) => {
-                facts.failure = Some(e.to_string());
-                Reply::Failed
-            }
-        }
-    }
-
-    /// Step 3: the forward-only transition and its effect, once.
-    async fn execute(&self, w: &Work<'_>, facts: &mut Facts) -> Reply {
-        let executed = self
-            .by_deadline(w, async {
                 let raw = w.raw.to_string();
                 let execution = self.store.execute(&w.order, w.event_id, &raw).await?;
                 // The store committed: a fault here is a commit whose answer was lost.
@@ -483,8 +454,14 @@ impl Processor {
             .await;
         match executed {
             Ok(execution) => {
-                if let Execution::Rejected(overflow) = &execution {
-                    facts.failure = Some(overflow.reason(&w.order.account_id, &w.order.symbol));
+                match &execution {
+                    Execution::Rejected(overflow) => {
+                        facts.failure = Some(overflow.reason(&w.order.account_id, &w.order.symbol));
+                    }
+                    Execution::Conflict {
+                        existing_fingerprint,
+                    } => facts.existing = Some(existing_fingerprint.clone()),
+                    Execution::Executed | Execution::AlreadyDone => {}
                 }
                 Reply::Executed(execution)
             }
@@ -498,15 +475,7 @@ impl Processor {
     /// A different order uses this id: store this event with both fingerprints.
     async fn store_conflict(&self, w: &Work<'_>, facts: &mut Facts) -> Reply {
         let existing = facts.existing.clone().unwrap_or_default();
-        let rejection = Rejection {
-            kind: RejectionKind::Conflict,
-            order_id: Some(w.order.order_id.clone()),
-            event_id: Some(w.event_id.to_string()),
-            reason: conflict_reason(&w.order, &existing),
-            fingerprint: Some(w.order.fingerprint().to_string()),
-            existing_fingerprint: Some(existing),
-            raw_event: w.raw.to_string(),
-        };
+        let rejection = Rejection::conflict(&w.order, w.event_id, &w.raw.to_string(), &existing);
         match self.reject_by(&rejection, w.deadline).await {
             Ok(()) => Reply::Stored,
             Err(e) => {
@@ -715,20 +684,4 @@ pub const RECALLED: &str = "cache";
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
 fn fault(point: &str, arg: Option<String>) -> StoreError {
     StoreError::Transient(faults::crash_or_error(point, arg))
-}
-
-fn conflict_reason(order: &Order, existing: &str) -> String {
-    format!(
-        "order id {} is already used by a different order (fingerprint {} ≠ {})",
-        order.order_id,
-        short(existing),
-        short(order.fingerprint())
-    )
-}
-
-/// A fingerprint's version prefix (`v2:`, none for version 1) and the first
-/// 12 digits of its hash.
-fn short(fp: &str) -> &str {
-    let version = fp.find(':').filter(|&i| i <= 4).map_or(0, |i| i + 1);
-    fp.get(..fp.len().min(version + 12)).unwrap_or(fp)
 }

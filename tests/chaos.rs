@@ -75,8 +75,7 @@ const IN_FLIGHT: usize = 32;
 /// at 5 % it crashed each handler within a second of its start for as long
 /// as the outage lasted (a 2000-order SQL Server run: 466 starts, the fleet
 /// unreachable most of the time); 1 % still kills reservation holders often.
-const FAILPOINTS: &str = "after_guard_acquire=0.3%return(crash)->1%return(error);\
-                          after_accept=0.5%return(crash)->1%return(error);\
+const FAILPOINTS: &str = "after_guard_acquire=0.8%return(crash)->1%return(error);\
                           before_complete=0.5%return(crash)->1%return(error);\
                           in_release=1%return(crash)";
 /// Event Grid's retry schedule (protocol.md §3), compressed below.

@@ -27,9 +27,8 @@ async fn a_held_reservation_never_blocks_an_order_that_is_already_done() {
     let id = unique_id("orphan");
     let data = order_data(&id, "buy", "MSFT", "3", "acct-orphan");
     let order = Order::from_data(&data).unwrap();
-    // The dead worker: reserved, accepted and executed, then killed.
-    store.accept(&order, "e-first").await.unwrap();
-    store.execute(&order, "e", "{}").await.unwrap();
+    // The dead worker: reserved and executed, then killed.
+    store.execute(&order, "e-first", "{}").await.unwrap();
     let key = GuardSettings::default().key(&id);
     redis.cmd(&["SET", &key, "PROCESANDO:dead-worker-token", "EX", "300"]);
 
@@ -48,13 +47,10 @@ async fn a_held_reservation_never_blocks_an_order_that_is_already_done() {
     assert_eq!(o.outcome, OutcomeKind::Conflict, "{o:?}");
     assert_eq!(store.rejections(Some(&id)).await.unwrap().len(), 1);
 
-    // A reservation over an order the store has not finished stays `in_progress`.
+    // A reservation over an order the store has not finished (no row: its
+    // holder is still at it) stays `in_progress`.
     let pending = unique_id("pending");
     let pending_data = order_data(&pending, "buy", "MSFT", "1", "acct-orphan");
-    store
-        .accept(&Order::from_data(&pending_data).unwrap(), "e")
-        .await
-        .unwrap();
     let pending_key = GuardSettings::default().key(&pending);
     redis.cmd(&["SET", &pending_key, "PROCESANDO:live-token", "EX", "300"]);
     let o = processor.process_event(&eg_event(pending_data)).await;
@@ -226,12 +222,8 @@ async fn a_killed_workers_order_executes_after_the_deadline_not_the_ttl() {
     let processor = common::processor(guard.clone(), store.clone());
     let id = unique_id("killed");
     let data = order_data(&id, "buy", "MSFT", "2", "acct-killed");
-    // The killed worker: reserved, accepted, never executed or released.
+    // The killed worker: reserved, never executed or released.
     assert!(matches!(guard.acquire(&id).await, Acquisition::Acquired(_)));
-    store
-        .accept(&Order::from_data(&data).unwrap(), "e-killed")
-        .await
-        .unwrap();
     let event = eg_event(data);
     assert_eq!(
         processor.process_event(&event).await.outcome,
@@ -277,12 +269,12 @@ async fn a_burst_beyond_the_sqlite_writers_capacity_is_shed_and_recovers() {
         store: Arc<order_guard::store::SqliteStore>,
         deadline: Duration,
     ) -> Result<
-        Result<order_guard::store::Admission, order_guard::store::StoreError>,
+        Result<order_guard::store::Execution, order_guard::store::StoreError>,
         tokio::time::error::Elapsed,
     > {
         let data = order_data(&unique_id("burst"), "buy", "MSFT", "1", "acct-burst");
         let order = Order::from_data(&data).unwrap();
-        tokio::time::timeout(deadline, store.accept(&order, "e")).await
+        tokio::time::timeout(deadline, store.execute(&order, "e", "{}")).await
     }
     let run = |callers: usize, length: Duration| {
         let ends = tokio::time::Instant::now() + length;
@@ -444,10 +436,20 @@ async fn prune_guard_forgets_completions_lost_by_a_restore() {
         OutcomeKind::Executed
     );
 
-    // Restore: the database is the backup now.
+    // Restore in place (the SQLite backup API, as an operator restores a
+    // live file): the same database file holds the backup's content now, so
+    // the store is the same store, with its identity.
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .restore(
+            rusqlite::MAIN_DB,
+            &backup,
+            None::<fn(rusqlite::backup::Progress)>,
+        )
+        .unwrap();
     let config = order_guard::config::Config::from_lookup(|k| match k {
         "REDIS_URL" => Some(redis.url()),
-        "SQL_CONNECTION_STRING" => Some(format!("sqlite:{}", backup.display())),
+        "SQL_CONNECTION_STRING" => Some(format!("sqlite:{}", db.display())),
         _ => None,
     })
     .unwrap();
@@ -472,7 +474,7 @@ async fn prune_guard_forgets_completions_lost_by_a_restore() {
     // The restored database executes the lost order again; the kept one
     // stays a duplicate.
     let restored =
-        Arc::new(order_guard::store::SqliteStore::open(&backup, Duration::from_secs(5)).unwrap());
+        Arc::new(order_guard::store::SqliteStore::open(&db, Duration::from_secs(5)).unwrap());
     restored.migrate().await.unwrap();
     let processor = common::processor(
         common::redis_guard(&redis, GuardSettings::default()),

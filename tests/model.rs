@@ -15,9 +15,13 @@
 //!   any moment: a slow worker), `COMPLETADA` with the completion marker,
 //!   compare-and-delete. The key can be lost at any step (TTL expiry,
 //!   `FLUSHALL`, a failover losing the last write).
-//! - **The database**: one row per id (the unique index), `Received →
-//!   Executed` only (forward-only, the effect applied with it), conflicts
-//!   stored per delivery.
+//! - **The database**: one row per id (the unique index), written by the
+//!   store's one call (issue 23): the row inserted executed, or a row of
+//!   another content stored as a conflict of this delivery, or a `Received`
+//!   row of this content executed (forward-only, the effect applied with
+//!   it), or a terminal row answered a duplicate, all in one transaction.
+//!   Two initial worlds: a new order, and one whose row an earlier version
+//!   (two calls: accept, then execute) left `Received`.
 //! - **Each worker's cache of finished orders** (`src/finished.rs`): what it
 //!   remembers after answering `executed` or `duplicate`; lost when the
 //!   worker crashes, evicted at any moment.
@@ -39,7 +43,7 @@ use order_guard::decision::{
     GuardPolicy, OutcomeKind, Reply, Step,
 };
 use order_guard::order::OrderStatus;
-use order_guard::store::{Admission, Execution};
+use order_guard::store::Execution;
 use stateright::{Checker, Model, Property};
 
 /// The content of a delivery: the order, or another order reusing its id.
@@ -104,8 +108,8 @@ enum Worker {
 /// A call that timed out and lands later.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Late {
-    Accept(Content),
-    Execute(Content),
+    /// The store's one call, for this content and delivery.
+    Execute(Content, u8),
     StoreConflict(u8),
     MarkCompleted(Content),
     Release(TokenId),
@@ -145,6 +149,9 @@ enum Bug {
     CompleteBeforeCommit,
     /// An order remembered as finished on an `in_progress` or `retry` answer.
     RememberUnfinished,
+    /// `execute` of a row that holds another order's content (the
+    /// fingerprint not compared).
+    ExecuteOtherContent,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -257,36 +264,33 @@ impl ProtocolModel {
         }
     }
 
-    /// The store's `accept`: insert under the unique index.
-    fn accept(w: &mut World, content: Content) -> Admission {
-        match w.row {
-            None => {
-                w.row = Some(Row {
-                    content,
-                    status: OrderStatus::Received,
-                });
-                Admission::New
-            }
-            Some(r) if r.content != content => Admission::Conflict {
-                existing_fingerprint: r.content.fingerprint().into(),
-            },
-            Some(r) if r.status.is_terminal() => Admission::AlreadyDone(r.status),
-            Some(_) => Admission::Resumed,
+    /// The store's one call: insert the row executed, or judge the row that
+    /// holds the id: another content is a stored conflict, this content
+    /// `Received` (an earlier version's accept) is executed, terminal is a
+    /// duplicate. One transaction: all of it or none.
+    fn execute(&self, w: &mut World, content: Content, delivery: u8) -> Execution {
+        let Some(row) = w.row.as_mut() else {
+            w.row = Some(Row {
+                content,
+                status: OrderStatus::Executed,
+            });
+            w.executions[content as usize] += 1;
+            return Execution::Executed;
+        };
+        if row.content != content && self.bug != Bug::ExecuteOtherContent {
+            w.conflicts[delivery as usize] = true;
+            return Execution::Conflict {
+                existing_fingerprint: row.content.fingerprint().into(),
+            };
         }
-    }
-
-    /// The store's `execute`: `Received → Executed` and the effect, in one
-    /// transaction; a missing row is an error.
-    fn execute(&self, w: &mut World, content: Content) -> Option<Execution> {
-        let row = w.row.as_mut()?;
         let forward =
             row.status == OrderStatus::Received || self.bug == Bug::ExecuteWithoutReceivedCheck;
-        if row.content == content && forward {
+        if forward {
             row.status = OrderStatus::Executed;
             w.executions[content as usize] += 1;
-            Some(Execution::Executed)
+            Execution::Executed
         } else {
-            Some(Execution::AlreadyDone)
+            Execution::AlreadyDone
         }
     }
 
@@ -308,11 +312,8 @@ impl ProtocolModel {
 
     fn land(&self, w: &mut World, late: Late) {
         match late {
-            Late::Accept(c) => {
-                Self::accept(w, c);
-            }
-            Late::Execute(c) => {
-                self.execute(w, c);
+            Late::Execute(c, d) => {
+                self.execute(w, c, d);
             }
             Late::StoreConflict(d) => w.conflicts[d as usize] = true,
             Late::MarkCompleted(c) => Self::mark_completed(w, c),
@@ -330,11 +331,9 @@ impl ProtocolModel {
             Step::ReadRow => &[Fault::Fails],
             // A local lookup: nothing to fail but the process (a crash).
             Step::Recall => &[],
-            Step::Accept
-            | Step::Execute
-            | Step::StoreConflict
-            | Step::MarkCompleted
-            | Step::Release => &[Fault::Fails, Fault::LandsLater],
+            Step::Execute | Step::StoreConflict | Step::MarkCompleted | Step::Release => {
+                &[Fault::Fails, Fault::LandsLater]
+            }
             Step::Answer(..) => &[],
         }
     }
@@ -398,17 +397,9 @@ impl ProtocolModel {
             )),
             // An unreadable row is no evidence.
             (Step::ReadRow, Some(_)) => Reply::Row(held_elsewhere_verdict(None, "")),
-            (Step::Accept, None) => Reply::Admitted(Self::accept(w, content)),
-            (Step::Accept, Some(_)) => {
-                late(w, Late::Accept(content));
-                Reply::Failed
-            }
-            (Step::Execute, None) => match self.execute(w, content) {
-                Some(e) => Reply::Executed(e),
-                None => Reply::Failed,
-            },
+            (Step::Execute, None) => Reply::Executed(self.execute(w, content, delivery)),
             (Step::Execute, Some(_)) => {
-                late(w, Late::Execute(content));
+                late(w, Late::Execute(content, delivery));
                 Reply::Failed
             }
             (Step::StoreConflict, None) => {
@@ -452,9 +443,12 @@ impl Model for ProtocolModel {
     type State = World;
     type Action = Action;
 
+    /// A new order, and the same order with a row an earlier version (two
+    /// store calls: accept, then execute) left `Received` when its worker
+    /// died between them.
     fn init_states(&self) -> Vec<World> {
         let n = self.workers as usize;
-        vec![World {
+        let new = World {
             deliveries: vec![Delivery::Pending; DELIVERIES.len()],
             workers: vec![Worker::Idle; n],
             epochs: vec![0; n],
@@ -466,7 +460,15 @@ impl Model for ProtocolModel {
             late: Vec::new(),
             faults_left: self.faults,
             foreign_release: false,
-        }]
+        };
+        let upgraded = World {
+            row: Some(Row {
+                content: Content::A,
+                status: OrderStatus::Received,
+            }),
+            ..new.clone()
+        };
+        vec![new, upgraded]
     }
 
     fn actions(&self, w: &World, actions: &mut Vec<Action>) {
@@ -840,5 +842,13 @@ fn remembering_an_unfinished_order_is_caught() {
     finds(
         Bug::RememberUnfinished,
         "never a 2xx for an event whose effect is not durable",
+    );
+}
+
+#[test]
+fn executing_a_row_that_holds_another_order_is_caught() {
+    finds(
+        Bug::ExecuteOtherContent,
+        "never a conflicting content executed",
     );
 }

@@ -50,6 +50,7 @@ fn read_by_config() -> BTreeSet<String> {
         BTreeMap::new(),
         BTreeMap::from([("WEBSITE_INSTANCE_ID", "x")]),
         BTreeMap::from([
+            ("FUNCTIONS_WORKER_RUNTIME", "custom"),
             ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
             ("LEGION_SERVICE_HOST", "l"),
         ]),

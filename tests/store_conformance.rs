@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use order_guard::order::{Order, OrderStatus};
 use order_guard::position::Position;
-use order_guard::store::{Admission, Execution, OrderStore, Rejection, RejectionKind};
+use order_guard::store::{Execution, OrderStore, Rejection, RejectionKind};
 use rust_decimal::Decimal;
 use serde_json::json;
 
@@ -35,10 +35,9 @@ fn pos(s: &str) -> Position {
 mod suite {
     use super::*;
 
-    pub async fn accept_then_execute_moves_position_once(store: Arc<dyn OrderStore>) {
+    pub async fn execute_moves_position_once(store: Arc<dyn OrderStore>) {
         let account = unique_id("acct");
         let o = order(&unique_id("ord"), &account, "buy", "25");
-        assert_eq!(store.accept(&o, "e1").await.unwrap(), Admission::New);
         assert_eq!(
             store.execute(&o, "e", "{}").await.unwrap(),
             Execution::Executed
@@ -56,7 +55,6 @@ mod suite {
             Some(pos("25"))
         );
         let sell = order(&unique_id("ord"), &account, "sell", "10.5");
-        store.accept(&sell, "e2").await.unwrap();
         store.execute(&sell, "e", "{}").await.unwrap();
         assert_eq!(
             store.position(&account, "MSFT").await.unwrap(),
@@ -64,81 +62,86 @@ mod suite {
         );
     }
 
-    /// A missing row is never taken for a done order: answering `duplicate`
-    /// would mark it `COMPLETADA` and cache it with no effect (a file
-    /// replaced or restored under a running process).
-    pub async fn executing_an_order_with_no_row_is_not_a_duplicate(store: Arc<dyn OrderStore>) {
+    /// A missing row is never taken for a done order (issue 20 point 3:
+    /// answering `duplicate` would mark it `COMPLETADA` and cache it with no
+    /// effect, after a file replaced or restored under a running process):
+    /// the one call inserts it and executes it.
+    pub async fn an_order_with_no_row_is_executed_never_a_duplicate(store: Arc<dyn OrderStore>) {
         let account = unique_id("acct");
         let o = order(&unique_id("ord"), &account, "buy", "3");
-        let executed = store.execute(&o, "e", "{}").await;
-        assert!(
-            !matches!(executed, Ok(Execution::AlreadyDone)),
-            "{executed:?}"
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::Executed
         );
         assert_eq!(
-            store
-                .position(&account, "MSFT")
-                .await
-                .unwrap_or(None)
-                .unwrap_or(Position::ZERO),
-            Position::ZERO
+            store.position(&account, "MSFT").await.unwrap(),
+            Some(pos("3"))
         );
     }
 
-    pub async fn unique_violation_is_classified_not_an_error(store: Arc<dyn OrderStore>) {
+    pub async fn duplicates_and_conflicts_are_answered_not_errors(store: Arc<dyn OrderStore>) {
         let account = unique_id("acct");
         let id = unique_id("ord");
         let o = order(&id, &account, "buy", "1");
-        assert_eq!(store.accept(&o, "e1").await.unwrap(), Admission::New);
-        // Same order again while Received: a crashed worker's row, resume it.
-        assert_eq!(store.accept(&o, "e1").await.unwrap(), Admission::Resumed);
-        assert_eq!(store.order(&id).await.unwrap().unwrap().attempts, 2);
-        store.execute(&o, "e", "{}").await.unwrap();
-        // Same order after execution: a duplicate.
         assert_eq!(
-            store.accept(&o, "e1").await.unwrap(),
-            Admission::AlreadyDone(OrderStatus::Executed)
+            store.execute(&o, "e1", "{}").await.unwrap(),
+            Execution::Executed
         );
-        // Different content under the same id: a conflict, with the stored fingerprint.
+        // Same order after execution: a duplicate, nothing written.
+        assert_eq!(
+            store.execute(&o, "e1", "{}").await.unwrap(),
+            Execution::AlreadyDone
+        );
+        assert_eq!(store.order(&id).await.unwrap().unwrap().attempts, 1);
+        // Different content under the same id: a conflict, with the stored
+        // fingerprint, and the event stored once (a redelivery counted).
         let other = order(&id, &account, "buy", "2");
+        let raw = json!({"id": "e9", "data": {"orderId": id, "quantity": "2"}}).to_string();
+        for _ in 0..2 {
+            assert_eq!(
+                store.execute(&other, "e9", &raw).await.unwrap(),
+                Execution::Conflict {
+                    existing_fingerprint: o.fingerprint().to_string()
+                }
+            );
+        }
+        let stored = store.rejections(Some(&id)).await.unwrap();
+        assert_eq!(stored.len(), 1, "{stored:?}");
+        assert_eq!(stored[0].kind, "conflict");
         assert_eq!(
-            store.accept(&other, "e9").await.unwrap(),
-            Admission::Conflict {
-                existing_fingerprint: o.fingerprint().to_string()
-            }
+            stored[0].reason,
+            order_guard::store::conflict_reason(&other, o.fingerprint())
         );
+        assert_eq!(stored[0].fingerprint.as_deref(), Some(other.fingerprint()));
+        assert_eq!(
+            stored[0].existing_fingerprint.as_deref(),
+            Some(o.fingerprint())
+        );
+        assert_eq!(stored[0].raw_event, raw);
+        assert_eq!(stored[0].deliveries, 2);
         assert_eq!(
             store.position(&account, "MSFT").await.unwrap(),
             Some(pos("1"))
         );
     }
 
-    pub async fn concurrent_accept_and_execute_take_effect_once(store: Arc<dyn OrderStore>) {
+    pub async fn concurrent_executions_take_effect_once(store: Arc<dyn OrderStore>) {
         let account = unique_id("acct");
         let o = order(&unique_id("ord"), &account, "buy", "3");
         let tasks: Vec<_> = (0..16)
             .map(|_| {
                 let (store, o) = (Arc::clone(&store), o.clone());
-                tokio::spawn(async move {
-                    let a = store.accept(&o, "e").await.unwrap();
-                    let e = match a {
-                        Admission::New | Admission::Resumed => {
-                            Some(store.execute(&o, "e", "{}").await.unwrap())
-                        }
-                        _ => None,
-                    };
-                    (a, e)
-                })
+                tokio::spawn(async move { store.execute(&o, "e", "{}").await.unwrap() })
             })
             .collect();
-        let mut news = 0;
         let mut executed = 0;
         for t in tasks {
-            let (a, e) = t.await.unwrap();
-            news += usize::from(a == Admission::New);
-            executed += usize::from(e == Some(Execution::Executed));
+            match t.await.unwrap() {
+                Execution::Executed => executed += 1,
+                Execution::AlreadyDone => {}
+                other => panic!("{other:?}"),
+            }
         }
-        assert_eq!(news, 1, "exactly one insert wins the unique index");
         assert_eq!(executed, 1, "exactly one execution takes effect");
         assert_eq!(
             store.position(&account, "MSFT").await.unwrap(),
@@ -186,7 +189,10 @@ mod suite {
         a.unwrap();
         b.unwrap();
         let o = order(&unique_id("ord"), &unique_id("acct"), "buy", "1");
-        assert_eq!(store.accept(&o, "e").await.unwrap(), Admission::New);
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::Executed
+        );
     }
 
     pub async fn ids_differing_only_in_case_are_different(store: Arc<dyn OrderStore>) {
@@ -196,14 +202,10 @@ mod suite {
         let lower = order(&id.to_lowercase(), &account.to_lowercase(), "buy", "5");
         for o in [&upper, &lower] {
             assert_eq!(
-                store.accept(o, "e").await.unwrap(),
-                Admission::New,
+                store.execute(o, "e", "{}").await.unwrap(),
+                Execution::Executed,
                 "{}",
                 o.order_id
-            );
-            assert_eq!(
-                store.execute(o, "e", "{}").await.unwrap(),
-                Execution::Executed
             );
         }
         assert_eq!(
@@ -254,7 +256,6 @@ mod suite {
             "buy",
             "123456789012345678.0000000001",
         );
-        store.accept(&o, "e").await.unwrap();
         store.execute(&o, "e", "{}").await.unwrap();
         let row = store.order(&o.order_id).await.unwrap().unwrap();
         assert_eq!(row.quantity.to_string(), "123456789012345678.0000000001");
@@ -276,7 +277,6 @@ mod suite {
                 "buy",
                 "999999999999999999.0000000001",
             );
-            store.accept(&o, "e").await.unwrap();
             assert_eq!(
                 store.execute(&o, "e", "{}").await.unwrap(),
                 Execution::Executed
@@ -290,7 +290,6 @@ mod suite {
         let quantities = std::iter::once("0.0000000002").chain(["999999999999999999"; 8]);
         for q in quantities {
             let o = order(&unique_id("ord"), &account, "buy", q);
-            store.accept(&o, "e").await.unwrap();
             store.execute(&o, "e", "{}").await.unwrap();
         }
         assert_eq!(
@@ -325,12 +324,69 @@ impl Backend {
                 .unwrap();
             }
             Backend::SqlServer(cs) => {
+                let units = pos(quantity).units().to_string();
                 let mut client = common::mssql_raw_client(cs).await;
                 client
                     .execute(
-                        "INSERT INTO dbo.Positions (AccountId, Symbol, Quantity, UpdatedAt) \
-                         VALUES (@P1, @P2, CAST(@P3 AS DECIMAL(38, 10)), SYSUTCDATETIME())",
-                        &[&account, &symbol, &quantity],
+                        "INSERT INTO dbo.Positions (AccountId, Symbol, Units, UpdatedAt) \
+                         VALUES (@P1, @P2, CAST(@P3 AS DECIMAL(38, 0)), SYSUTCDATETIME())",
+                        &[&account, &symbol, &units.as_str()],
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    /// Insert `o`'s row `Received` with `fingerprint`, as an earlier version
+    /// did before executing it (its accept step, which a crash could leave
+    /// alone; version 1 fingerprints were 64 hex digits without a prefix).
+    async fn insert_received(&self, o: &Order, fingerprint: &str) {
+        let quantity = o.quantity.to_string();
+        let price = o.limit_price.map(|p| p.to_string()).unwrap_or_default();
+        let currency = o.currency.clone().unwrap_or_default();
+        match self {
+            Backend::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("orders.db")).unwrap();
+                conn.busy_timeout(std::time::Duration::from_secs(5))
+                    .unwrap();
+                conn.execute(
+                    "INSERT INTO Orders (OrderId, Fingerprint, EventId, AccountId, Side, Symbol,
+                        Quantity, LimitPrice, Currency, Status, ReceivedAt)
+                     VALUES (?1, ?2, 'e0', ?3, ?4, ?5, ?6, NULLIF(?7, ''), NULLIF(?8, ''),
+                        'Received', 'seeded')",
+                    [
+                        o.order_id.as_str(),
+                        fingerprint,
+                        &o.account_id,
+                        o.side.as_str(),
+                        &o.symbol,
+                        &quantity,
+                        &price,
+                        &currency,
+                    ],
+                )
+                .unwrap();
+            }
+            Backend::SqlServer(cs) => {
+                let mut client = common::mssql_raw_client(cs).await;
+                client
+                    .execute(
+                        "INSERT INTO dbo.Orders (OrderId, Fingerprint, EventId, AccountId, Side, \
+                         Symbol, Quantity, LimitPrice, Currency, Status, Attempts, ReceivedAt) \
+                         VALUES (@P1, @P2, N'e0', @P3, @P4, @P5, CAST(@P6 AS DECIMAL(28, 10)), \
+                         CAST(NULLIF(@P7, N'') AS DECIMAL(28, 10)), NULLIF(@P8, N''), \
+                         N'Received', 1, SYSUTCDATETIME())",
+                        &[
+                            &o.order_id.as_str(),
+                            &fingerprint,
+                            &o.account_id.as_str(),
+                            &o.side.as_str(),
+                            &o.symbol.as_str(),
+                            &quantity.as_str(),
+                            &price.as_str(),
+                            &currency.as_str(),
+                        ],
                     )
                     .await
                     .unwrap();
@@ -371,7 +427,6 @@ mod seeded {
             );
             let o = order(&unique_id("ord"), &account, side, "1");
             let raw = json!({"id": "e-overflow", "data": {"orderId": o.order_id}}).to_string();
-            store.accept(&o, "e-overflow").await.unwrap();
             let Execution::Rejected(overflow) =
                 store.execute(&o, "e-overflow", &raw).await.unwrap()
             else {
@@ -405,10 +460,6 @@ mod seeded {
                 store.execute(&o, "e-overflow", &raw).await.unwrap(),
                 Execution::AlreadyDone
             );
-            assert_eq!(
-                store.accept(&o, "e-overflow").await.unwrap(),
-                Admission::AlreadyDone(OrderStatus::Rejected)
-            );
             assert_eq!(store.rejections(Some(&o.order_id)).await.unwrap().len(), 1);
             // The other way still executes, exactly.
             let back = order(
@@ -417,7 +468,6 @@ mod seeded {
                 if side == "buy" { "sell" } else { "buy" },
                 "0.0000000001",
             );
-            store.accept(&back, "e").await.unwrap();
             assert_eq!(
                 store.execute(&back, "e", "{}").await.unwrap(),
                 Execution::Executed
@@ -428,6 +478,67 @@ mod seeded {
             assert_eq!(store.position(&account, "MSFT").await.unwrap(), Some(moved));
         }
     }
+
+    /// A row an earlier version inserted `Received` and never executed (its
+    /// worker died between its two calls) is executed by the one call, once.
+    pub async fn a_row_an_earlier_version_left_received_is_resumed(
+        store: Arc<dyn OrderStore>,
+        backend: &Backend,
+    ) {
+        let account = unique_id("acct");
+        let o = order(&unique_id("ord"), &account, "buy", "4");
+        backend.insert_received(&o, o.fingerprint()).await;
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::Executed
+        );
+        let row = store.order(&o.order_id).await.unwrap().unwrap();
+        assert_eq!(row.status, OrderStatus::Executed);
+        assert_eq!(row.attempts, 2);
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::AlreadyDone
+        );
+        assert_eq!(
+            store.position(&account, "MSFT").await.unwrap(),
+            Some(pos("4"))
+        );
+    }
+
+    /// A row whose fingerprint is of another version is fingerprinted again
+    /// from its columns (`OrderRecord::current_fingerprint`), never called a
+    /// conflict by its hash: the same order is executed, another order's
+    /// delivery is a conflict.
+    pub async fn a_row_of_an_older_fingerprint_version_is_judged_by_its_columns(
+        store: Arc<dyn OrderStore>,
+        backend: &Backend,
+    ) {
+        let v1 = "ab".repeat(32);
+        let account = unique_id("acct");
+        let o = order(&unique_id("ord"), &account, "buy", "6");
+        backend.insert_received(&o, &v1).await;
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::Executed,
+            "the same order under a version-1 fingerprint"
+        );
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::AlreadyDone
+        );
+        let other = order(&o.order_id, &account, "buy", "7");
+        assert_eq!(
+            store.execute(&other, "e2", "{}").await.unwrap(),
+            Execution::Conflict {
+                existing_fingerprint: v1.clone()
+            }
+        );
+        assert_eq!(store.rejections(Some(&o.order_id)).await.unwrap().len(), 1);
+        assert_eq!(
+            store.position(&account, "MSFT").await.unwrap(),
+            Some(pos("6"))
+        );
+    }
 }
 
 /// Generate one `#[tokio::test]` per suite check for a backend.
@@ -436,10 +547,10 @@ macro_rules! conformance {
         mod $backend {
             use super::*;
             conformance!(@tests $make;
-                accept_then_execute_moves_position_once,
-                executing_an_order_with_no_row_is_not_a_duplicate,
-                unique_violation_is_classified_not_an_error,
-                concurrent_accept_and_execute_take_effect_once,
+                execute_moves_position_once,
+                an_order_with_no_row_is_executed_never_a_duplicate,
+                duplicates_and_conflicts_are_answered_not_errors,
+                concurrent_executions_take_effect_once,
                 rejections_are_stored_once_with_their_reason,
                 migrate_is_idempotent,
                 ids_differing_only_in_case_are_different,
@@ -447,7 +558,9 @@ macro_rules! conformance {
                 exact_decimals_round_trip,
                 positions_stay_exact_beyond_28_digits);
             conformance!(@seeded $make;
-                an_overflowing_order_is_rejected_and_stored);
+                an_overflowing_order_is_rejected_and_stored,
+                a_row_an_earlier_version_left_received_is_resumed,
+                a_row_of_an_older_fingerprint_version_is_judged_by_its_columns);
         }
     };
     (@tests $make:expr; $($check:ident),*) => {

@@ -1,4 +1,4 @@
--- order-guard schema for SQL Server / Azure SQL (version 2).
+-- order-guard schema for SQL Server / Azure SQL (version 3).
 --
 -- Applied by `order-guard migrate` (and at `serve` start) inside one
 -- transaction that first takes an exclusive application lock
@@ -8,9 +8,9 @@
 --
 -- Portable T-SQL only (docs/protocol.md 7.4): no MERGE, no CREATE OR ALTER,
 -- no ROWVERSION, no sys.dm_* views. Quantities and prices are exact:
--- DECIMAL(28,10) per order (each at most 10^18), DECIMAL(38,10) for a
--- position, the sum of many orders, which DECIMAL(28,10) would overflow
--- (error 8115) past 10^18.
+-- DECIMAL(28,10) per order (each at most 10^18); a position, the sum of many
+-- orders, in integer units of 10^-10 as DECIMAL(38,0): exact to
+-- DECIMAL(38,10), which DECIMAL(28,10) would overflow past 10^18.
 -- Column names match the SQLite schema (sql/sqlite/schema.sql).
 --
 -- Identity is exact, as in SQLite and Redis: ids, accounts, symbols and
@@ -61,14 +61,43 @@ IF NOT EXISTS (SELECT 1 FROM sys.indexes
     CREATE UNIQUE INDEX UX_Orders_OrderId ON dbo.Orders (OrderId);
 GO
 
+-- A position in integer units of 10^-10 (version 3; version 2 kept
+-- DECIMAL(38,10) in a Quantity column). Integers because the execution batch
+-- adds in T-SQL: DECIMAL(38,10) + DECIMAL(28,10) has precision 39, which SQL
+-- Server cuts to 38 by lowering the scale to 9, rounding the tenth decimal;
+-- DECIMAL(38,0) + DECIMAL(38,0) keeps scale 0 and is exact (the batch checks
+-- the bound by comparison first, so the sum never leaves 38 digits).
 IF OBJECT_ID(N'dbo.Positions', N'U') IS NULL
     CREATE TABLE dbo.Positions (
         AccountId NVARCHAR(128)   COLLATE Latin1_General_100_BIN2 NOT NULL,
         Symbol    NVARCHAR(128)   COLLATE Latin1_General_100_BIN2 NOT NULL,
-        Quantity  DECIMAL(38, 10) NOT NULL,
+        Units     DECIMAL(38, 0)  NOT NULL,
         UpdatedAt DATETIME2(3)    NOT NULL,
         CONSTRAINT PK_Positions PRIMARY KEY (AccountId, Symbol)
     );
+GO
+
+-- Version 2 → 3: Quantity DECIMAL(38,10) becomes Units DECIMAL(38,0). The
+-- column is added NOT NULL with a default (ALTER COLUMN … NOT NULL is not
+-- portable), each value then converted exactly through its text (style 0
+-- writes all ten decimals: '-12.5000000000' becomes -125000000000), and
+-- Quantity dropped in the same transaction, so an instance of an earlier
+-- version still running fails on every position statement (and answers
+-- retry) instead of writing a column nobody reads. Dynamic SQL: a statement
+-- naming a column that is not there does not compile.
+IF NOT EXISTS (SELECT 1 FROM sys.columns
+                WHERE object_id = OBJECT_ID(N'dbo.Positions') AND name = N'Units')
+    ALTER TABLE dbo.Positions
+        ADD Units DECIMAL(38, 0) NOT NULL CONSTRAINT DF_Positions_Units DEFAULT 0;
+GO
+
+IF EXISTS (SELECT 1 FROM sys.columns
+            WHERE object_id = OBJECT_ID(N'dbo.Positions') AND name = N'Quantity')
+BEGIN
+    EXEC sp_executesql N'UPDATE dbo.Positions
+        SET Units = CONVERT(DECIMAL(38, 0), REPLACE(CONVERT(VARCHAR(64), Quantity), ''.'', ''''))';
+    EXEC sp_executesql N'ALTER TABLE dbo.Positions DROP COLUMN Quantity';
+END
 GO
 
 IF OBJECT_ID(N'dbo.RejectedEvents', N'U') IS NULL
@@ -115,8 +144,9 @@ IF NOT EXISTS (SELECT 1 FROM dbo.StoreIdentity)
     INSERT INTO dbo.StoreIdentity (Id) VALUES (LOWER(CONVERT(NVARCHAR(36), NEWID())));
 GO
 
--- Version 2: version 1 plus StoreIdentity. The row is written last, in the
--- migration's transaction: when it is there, everything above is.
-IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 2)
-    INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (2, SYSUTCDATETIME());
+-- Version 2: version 1 plus StoreIdentity. Version 3: positions in units
+-- (above). The row is written last, in the migration's transaction: when it
+-- is there, everything above is.
+IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 3)
+    INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (3, SYSUTCDATETIME());
 GO

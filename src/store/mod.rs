@@ -1,13 +1,18 @@
 //! The order store: the source of truth.
 //!
-//! Protocol (DESIGN.md, "Store protocol"): `accept` inserts the order under a
-//! unique index on its id, and a unique violation is not an error but a
-//! question answered from the existing row (duplicate, conflict, or resume a
-//! row a crashed worker left `Received`); `execute` moves `Received →
-//! Executed` with a conditional update and applies the position change only if
-//! that update changed exactly one row, in one transaction; `reject` keeps
-//! every event we will not execute, with its reason. Every backend runs the
-//! same conformance suite (`tests/store_conformance.rs`).
+//! Protocol (DESIGN.md, "Store protocol", in one call since issue 23):
+//! `execute` inserts the order under a unique index on its id or finds the
+//! row that holds it, and in the same transaction moves a row of this order
+//! `Received → Executed` with a conditional update, applying the position
+//! change only if that update changed exactly one row (or `Received →
+//! Rejected`, the event stored with its reason, when the position would
+//! leave `DECIMAL(38,10)`); a row of another order is answered a conflict,
+//! the event stored in `RejectedEvents`; a terminal row of this order is a
+//! duplicate, with no write. So a first delivery costs the store one call
+//! (one round trip on SQL Server, one durable commit on SQLite), and
+//! repeating it is harmless. `reject` keeps every other event we will not
+//! execute, with its reason. Every backend runs the same conformance suite
+//! (`tests/store_conformance.rs`).
 
 mod sqlite;
 pub mod sqlserver;
@@ -27,32 +32,30 @@ use crate::position::{Overflow, Position};
 pub use self::sqlite::{Pressure, SqliteStore, MAX_QUEUED as SQLITE_MAX_QUEUED};
 pub use self::sqlserver::SqlServerStore;
 
-/// What `accept` found.
+/// What `execute` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Admission {
-    /// The order was inserted `Received` by this call.
-    New,
-    /// The same order was already `Received` (a worker died before executing
-    /// it): go on and execute it; `execute` stays single-effect.
-    Resumed,
-    /// The same order is already terminal: a duplicate.
-    AlreadyDone(OrderStatus),
-    /// A different order holds this id.
+pub enum Execution {
+    /// This call executed the order: inserted it (or found it `Received`,
+    /// left by an earlier version's worker that died) and applied its
+    /// effect, in one transaction.
+    Executed,
+    /// The order would take its position beyond `DECIMAL(38,10)`: this call
+    /// stored it `Rejected` and the event in `RejectedEvents` with the
+    /// reason ([`Overflow::reason`]), in one transaction; no effect.
+    Rejected(Overflow),
+    /// The order was already terminal: a duplicate; nothing written.
+    AlreadyDone,
+    /// Another order holds this id: this event is stored in
+    /// `RejectedEvents` as a conflict (once; a redelivery is counted).
     Conflict { existing_fingerprint: String },
 }
 
-/// What `execute` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Execution {
-    /// This call moved the order to `Executed` and applied its effect.
-    Executed,
-    /// The order would take its position beyond `DECIMAL(38,10)`: this call
-    /// moved it to `Rejected` and stored the event in `RejectedEvents` with
-    /// the reason ([`Overflow::reason`]), in the same transaction; no effect.
-    Rejected(Overflow),
-    /// The order was not `Received` any more: another worker did it; no effect.
-    AlreadyDone,
-}
+/// Most times a store sends its execution again within one call: after a
+/// race lost on a unique index (the row is then there), for a row of an
+/// older fingerprint version that is this order, or to store an overflow
+/// with its reason. Each needs one more at most; more means the row keeps
+/// changing, and the call fails (`retry`).
+pub const MAX_EXECUTION_TRIES: usize = 4;
 
 /// Why an event is kept in `RejectedEvents`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +109,20 @@ impl Rejection {
         }
     }
 
+    /// The conflict `execute` stores when another order (`existing`, its
+    /// fingerprint) holds this order's id.
+    pub fn conflict(order: &Order, event_id: &str, raw_event: &str, existing: &str) -> Rejection {
+        Rejection {
+            kind: RejectionKind::Conflict,
+            order_id: Some(order.order_id.clone()),
+            event_id: Some(event_id.to_string()),
+            reason: conflict_reason(order, existing),
+            fingerprint: Some(order.fingerprint().to_string()),
+            existing_fingerprint: Some(existing.to_string()),
+            raw_event: raw_event.to_string(),
+        }
+    }
+
     /// Identity of this rejection: a redelivered poison event is stored once
     /// (its delivery count goes up), not once per delivery.
     pub fn event_hash(&self) -> String {
@@ -115,6 +132,31 @@ impl Rejection {
         h.update(self.raw_event.as_bytes());
         hex(&h.finalize())
     }
+}
+
+/// Why a conflicting event is refused: both fingerprints, shortened.
+pub fn conflict_reason(order: &Order, existing: &str) -> String {
+    let (head, tail) = conflict_reason_around(order);
+    format!("{head}{}{tail}", short_fingerprint(existing))
+}
+
+/// [`conflict_reason`] without the existing fingerprint, which goes between
+/// the two parts (for a store that learns it only inside its transaction).
+pub fn conflict_reason_around(order: &Order) -> (String, String) {
+    (
+        format!(
+            "order id {} is already used by a different order (fingerprint ",
+            order.order_id
+        ),
+        format!(" ≠ {})", short_fingerprint(order.fingerprint())),
+    )
+}
+
+/// A fingerprint's version prefix (`v2:`, none for version 1) and the first
+/// 12 digits of its hash.
+pub fn short_fingerprint(fp: &str) -> &str {
+    let version = fp.find(':').filter(|&i| i <= 4).map_or(0, |i| i + 1);
+    fp.get(..fp.len().min(version + 12)).unwrap_or(fp)
 }
 
 /// An order row as stored.
@@ -218,13 +260,9 @@ pub trait OrderStore: Send + Sync {
     /// guard's completion markers to this store.
     async fn identity(&self) -> Result<String, StoreError>;
 
-    /// Insert the order `Received`, or classify the row that holds its id.
-    async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError>;
-
-    /// `Received → Executed` plus the position change, once; or, when the
-    /// position would overflow `DECIMAL(38,10)`, `Received → Rejected` and
-    /// the event (`event_id`, `raw_event`: as it arrived) kept in
-    /// `RejectedEvents` with the reason, in the same transaction.
+    /// Execute the order once, in one call: see the module documentation
+    /// and [`Execution`]. `event_id` and `raw_event` (the event as it
+    /// arrived) are kept with a rejection or a conflict.
     async fn execute(
         &self,
         order: &Order,

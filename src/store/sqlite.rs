@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use rust_decimal::Decimal;
 
-use super::{Admission, Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, StoreError};
+use super::{Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, StoreError};
 use crate::order::{Order, OrderStatus};
 use crate::position::Position;
 
@@ -251,12 +251,12 @@ fn writer(mut conn: Connection, queue: mpsc::Receiver<Job>, pressure: &PressureC
             }
         }
         if !group.is_empty() {
-            run_group(&mut conn, group);
+            run_group(&mut conn, group, pressure);
         }
     }
 }
 
-fn run_group(conn: &mut Connection, group: Vec<Job>) {
+fn run_group(conn: &mut Connection, group: Vec<Job>, pressure: &PressureCounters) {
     let fail_all = |replies: Vec<Reply>, e: &StoreError| {
         for r in replies {
             r(Some(e));
@@ -270,6 +270,14 @@ fn run_group(conn: &mut Connection, group: Vec<Job>) {
     let mut replies = Vec::with_capacity(group.len());
     let mut jobs = group.into_iter();
     while let Some(job) = jobs.next() {
+        // Asked again now that the group holds the write lock (taking it may
+        // have waited out another process): a caller that stopped waiting
+        // meanwhile was answered `retry`, so its call must not take effect
+        // behind its back; its redelivery will do the work.
+        if job.abandoned() {
+            pressure.skipped.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         let step = conn.execute_batch("SAVEPOINT job").and_then(|()| {
             let (ok, reply) = job.run(Some(&mut *conn));
             replies.push(reply);
@@ -311,15 +319,6 @@ fn classify(e: rusqlite::Error) -> StoreError {
     }
 }
 
-fn is_unique_violation(e: &rusqlite::Error) -> bool {
-    matches!(
-        e,
-        rusqlite::Error::SqliteFailure(f, _)
-            if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
-                || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
-    )
-}
-
 fn decimal(text: &str) -> Result<Decimal, rusqlite::Error> {
     Decimal::from_str(text).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
@@ -352,22 +351,6 @@ fn insert_rejection(conn: &Connection, r: &Rejection) -> Result<(), rusqlite::Er
         r.raw_event,
     ])?;
     Ok(())
-}
-
-/// The forward-only update changed no row: done by another worker if the
-/// row is terminal; an error if it is missing (a file replaced or restored
-/// under a running process), never a duplicate, so the caller retries.
-fn not_received(conn: &Connection, order_id: &str) -> Result<Execution, rusqlite::Error> {
-    match read_order(conn, order_id)? {
-        Some(row) if row.status.is_terminal() => Ok(Execution::AlreadyDone),
-        Some(row) => Err(protocol_error(format!(
-            "order {order_id}: the update of a Received order changed no row but the order is {}",
-            row.status.as_str()
-        ))),
-        None => Err(protocol_error(format!(
-            "order {order_id}: no row to execute (was it accepted?)"
-        ))),
-    }
 }
 
 /// An error of ours, with its message, as the writer's calls return them.
@@ -438,57 +421,6 @@ impl OrderStore for SqliteStore {
         Ok(super::bound_identity(&stored, &place))
     }
 
-    async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError> {
-        let o = order.clone();
-        let event_id = event_id.to_string();
-        self.with(move |conn| {
-            // Cached statements: parsed once per connection, not per call.
-            let inserted = conn.prepare_cached(
-                &format!(
-                    "INSERT INTO Orders (OrderId, Fingerprint, EventId, AccountId, Side, Symbol,
-                                         Quantity, LimitPrice, Currency, PlacedAt, Status, ReceivedAt)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'Received', {NOW})"
-                ),
-            )?.execute(
-                params![
-                    o.order_id,
-                    o.fingerprint(),
-                    event_id,
-                    o.account_id,
-                    o.side.as_str(),
-                    o.symbol,
-                    o.quantity.to_string(),
-                    o.limit_price.map(|p| p.to_string()),
-                    o.currency,
-                    o.placed_at,
-                ],
-            );
-            match inserted {
-                Ok(_) => return Ok(Admission::New),
-                Err(e) if is_unique_violation(&e) => {}
-                Err(e) => return Err(e),
-            }
-            let existing = read_order(conn, &o.order_id)?.ok_or_else(|| {
-                // The row that violated the index cannot vanish: rows are never deleted.
-                rusqlite::Error::QueryReturnedNoRows
-            })?;
-            if existing.current_fingerprint() != o.fingerprint() {
-                return Ok(Admission::Conflict {
-                    existing_fingerprint: existing.fingerprint,
-                });
-            }
-            if existing.status.is_terminal() {
-                return Ok(Admission::AlreadyDone(existing.status));
-            }
-            conn.execute(
-                "UPDATE Orders SET Attempts = Attempts + 1 WHERE OrderId = ?1 AND Status = 'Received'",
-                [&o.order_id],
-            )?;
-            Ok(Admission::Resumed)
-        })
-        .await
-    }
-
     async fn execute(
         &self,
         order: &Order,
@@ -497,10 +429,53 @@ impl OrderStore for SqliteStore {
     ) -> Result<Execution, StoreError> {
         let o = order.clone();
         let (event_id, raw_event) = (event_id.to_string(), raw_event.to_string());
+        // One call, one savepoint: the insert (or the row found), the
+        // position and the status change commit together, in the writer's
+        // group commit (one durable commit for the whole group).
         self.with(move |conn| {
+            let tx = conn.savepoint()?;
+            match read_order(&tx, &o.order_id)? {
+                None => {
+                    // Cached statements: parsed once per connection, not per call.
+                    tx.prepare_cached(&format!(
+                        "INSERT INTO Orders (OrderId, Fingerprint, EventId, AccountId, Side, Symbol,
+                                             Quantity, LimitPrice, Currency, PlacedAt, Status, ReceivedAt)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'Received', {NOW})"
+                    ))?
+                    .execute(params![
+                        o.order_id,
+                        o.fingerprint(),
+                        event_id,
+                        o.account_id,
+                        o.side.as_str(),
+                        o.symbol,
+                        o.quantity.to_string(),
+                        o.limit_price.map(|p| p.to_string()),
+                        o.currency,
+                        o.placed_at,
+                    ])?;
+                }
+                Some(existing) if existing.current_fingerprint() != o.fingerprint() => {
+                    let conflict =
+                        Rejection::conflict(&o, &event_id, &raw_event, &existing.fingerprint);
+                    insert_rejection(&tx, &conflict)?;
+                    tx.commit()?;
+                    return Ok(Execution::Conflict {
+                        existing_fingerprint: existing.fingerprint,
+                    });
+                }
+                // A duplicate: nothing written.
+                Some(existing) if existing.status.is_terminal() => return Ok(Execution::AlreadyDone),
+                Some(_) => {
+                    // Left `Received` by an earlier version's worker that died.
+                    tx.execute(
+                        "UPDATE Orders SET Attempts = Attempts + 1 WHERE OrderId = ?1 AND Status = 'Received'",
+                        [&o.order_id],
+                    )?;
+                }
+            }
             // The writer holds the database's write lock (BEGIN IMMEDIATE):
             // the position read here is the one this call changes.
-            let tx = conn.savepoint()?;
             let current: Option<String> = tx
                 .prepare_cached(
                     "SELECT Quantity FROM Positions WHERE AccountId = ?1 AND Symbol = ?2",
@@ -522,7 +497,10 @@ impl OrderStore for SqliteStore {
                         )?
                         .execute([&o.order_id])?;
                     if changed != 1 {
-                        return not_received(&tx, &o.order_id);
+                        return Err(protocol_error(format!(
+                            "order {}: the update to Rejected changed {changed} rows",
+                            o.order_id
+                        )));
                     }
                     let rejection =
                         Rejection::position_overflow(&o, &event_id, &raw_event, &overflow);
@@ -538,7 +516,10 @@ impl OrderStore for SqliteStore {
                 ))?
                 .execute([&o.order_id])?;
             if changed != 1 {
-                return not_received(&tx, &o.order_id);
+                return Err(protocol_error(format!(
+                    "order {}: the update to Executed changed {changed} rows",
+                    o.order_id
+                )));
             }
             tx.prepare_cached(&format!(
                 "INSERT INTO Positions (AccountId, Symbol, Quantity, UpdatedAt)

@@ -1,10 +1,11 @@
 //! `SqlServerStore`: SQL Server / Azure SQL as the source of truth.
 //!
-//! Same protocol as the SQLite store (see `store/mod.rs`): `accept` inserts
-//! and lets the unique index on `OrderId` answer duplicates (2601/2627 → read
-//! the row and classify); `execute` is one transaction whose conditional
-//! `UPDATE … WHERE Status='Received'` decides whether the position changes;
-//! `reject` keeps each rejected event once, counting redeliveries.
+//! Same protocol as the SQLite store (see `store/mod.rs`), each call one
+//! round trip: `execute` is one T-SQL batch ([`sql::EXECUTE_ORDER`]) that
+//! inserts under the unique index on `OrderId` or finds the row, and in one
+//! transaction applies the position change only with the conditional
+//! `UPDATE … WHERE Status='Received'`; `reject` keeps each rejected event
+//! once, counting redeliveries ([`sql::REJECT`]).
 //!
 //! Every call takes a pooled connection (bb8, [`pool`]), runs under the
 //! query timeout, and retries at most once, at once, when the connection
@@ -32,11 +33,14 @@ use tiberius::Row;
 use self::aad::TokenSource;
 use self::connstr::SqlConnInfo;
 use self::pool::{Client, SqlConnectionManager};
-use super::{Admission, Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, StoreError};
+use super::{
+    conflict_reason_around, short_fingerprint, Execution, OrderRecord, OrderStore, RejectedRecord,
+    Rejection, StoreError, MAX_EXECUTION_TRIES,
+};
 #[cfg(feature = "failpoints")]
 use crate::faults;
 use crate::order::{Order, OrderStatus};
-use crate::position::{self, Position};
+use crate::position::{Overflow, Position};
 
 /// Pooled connections are replaced after this long, so a failover or a
 /// rebalanced gateway is picked up even on a busy, never-idle pool.
@@ -250,35 +254,164 @@ async fn end_transaction(client: &mut Client, batch: &str) -> Result<(), SqlErro
     }
 }
 
+/// An order row from `row`'s columns starting at `at` (the columns of
+/// [`sql::SELECT_ORDER`]); `None` when they are NULL (no row joined).
+fn order_record(r: &Row, at: usize) -> Result<Option<OrderRecord>, SqlError> {
+    let Some(order_id) = opt_text(r, at)? else {
+        return Ok(None);
+    };
+    let status = text(r, at + 8, "Status")?;
+    Ok(Some(OrderRecord {
+        order_id,
+        fingerprint: text(r, at + 1, "Fingerprint")?,
+        account_id: text(r, at + 2, "AccountId")?,
+        side: text(r, at + 3, "Side")?,
+        symbol: text(r, at + 4, "Symbol")?,
+        quantity: decimal(r, at + 5, "Quantity")?,
+        limit_price: r.try_get::<Decimal, _>(at + 6)?.map(|d| d.normalize()),
+        currency: opt_text(r, at + 7)?,
+        status: OrderStatus::from_str(&status).map_err(conversion)?,
+        attempts: int(r, at + 9, "Attempts")?,
+        received_at: utc(opt_text(r, at + 10)?).unwrap_or_default(),
+        executed_at: utc(opt_text(r, at + 11)?),
+        placed_at: opt_text(r, at + 12)?,
+    }))
+}
+
 async fn read_order(client: &mut Client, order_id: &str) -> Result<Option<OrderRecord>, SqlError> {
     let row = client
         .query(sql::SELECT_ORDER, &[&order_id])
         .await?
         .into_row()
         .await?;
-    let Some(r) = row else { return Ok(None) };
-    let status = text(&r, 8, "Status")?;
-    Ok(Some(OrderRecord {
-        order_id: text(&r, 0, "OrderId")?,
-        fingerprint: text(&r, 1, "Fingerprint")?,
-        account_id: text(&r, 2, "AccountId")?,
-        side: text(&r, 3, "Side")?,
-        symbol: text(&r, 4, "Symbol")?,
-        quantity: decimal(&r, 5, "Quantity")?,
-        limit_price: r.try_get::<Decimal, _>(6)?.map(|d| d.normalize()),
-        currency: opt_text(&r, 7)?,
-        status: OrderStatus::from_str(&status).map_err(conversion)?,
-        attempts: int(&r, 9, "Attempts")?,
-        received_at: utc(opt_text(&r, 10)?).unwrap_or_default(),
-        executed_at: utc(opt_text(&r, 11)?),
-        placed_at: opt_text(&r, 12)?,
-    }))
+    row.map(|r| order_record(&r, 0))
+        .transpose()
+        .map(Option::flatten)
 }
 
-async fn accept_on(client: &mut Client, o: &Order, event_id: &str) -> Result<Admission, SqlError> {
-    let inserted = client
-        .execute(
-            sql::INSERT_ORDER,
+/// What one run of [`sql::EXECUTE_ORDER`] answered.
+struct BatchAnswer {
+    result: String,
+    current: Option<i128>,
+    row: Option<OrderRecord>,
+}
+
+/// Parameters of [`sql::EXECUTE_ORDER`] that change between the tries of
+/// one call.
+#[derive(Default)]
+struct Retry {
+    /// A stored fingerprint of another version that is this order (P12).
+    also_this_order: String,
+    /// The overflow reason and the position it is about (P14, P15).
+    overflow: Option<(String, i128)>,
+}
+
+/// `execute` in one round trip: [`sql::EXECUTE_ORDER`] (see there), sent
+/// again only when it hands a decision back (a lost race, a row of another
+/// fingerprint version, an overflow to store with its reason), at most
+/// [`MAX_EXECUTION_TRIES`] times. Any error returns at once and the
+/// connection is discarded (closing it rolls back whatever was open).
+async fn execute_on(
+    client: &mut Client,
+    o: &Order,
+    event_id: &str,
+    raw_event: &str,
+) -> Result<Execution, SqlError> {
+    let change = Position::change_of(o.side, o.quantity);
+    let batch = execute_batch()?;
+    let mut retry = Retry::default();
+    for _ in 0..MAX_EXECUTION_TRIES {
+        let answer =
+            run_execute_batch(client, &batch, o, event_id, raw_event, change, &retry).await?;
+        let overflow = |current: Option<i128>| -> Result<Overflow, SqlError> {
+            let current = current.and_then(Position::from_units).ok_or_else(|| {
+                conversion(format!("order {}: no position in the answer", o.order_id))
+            })?;
+            Ok(Overflow { current, change })
+        };
+        match answer.result.as_str() {
+            "executed" => return Ok(Execution::Executed),
+            "rejected" => return Ok(Execution::Rejected(overflow(answer.current)?)),
+            "done" => return Ok(Execution::AlreadyDone),
+            "conflict" => {
+                let row = answer.row.ok_or_else(|| {
+                    conversion(format!("order {}: a conflict without its row", o.order_id))
+                })?;
+                return Ok(Execution::Conflict {
+                    existing_fingerprint: row.fingerprint,
+                });
+            }
+            "overflow" => {
+                let overflow = overflow(answer.current)?;
+                let reason = overflow.reason(&o.account_id, &o.symbol);
+                retry.overflow = Some((reason, overflow.current.units()));
+            }
+            "row" => {
+                let row = answer.row.ok_or_else(|| {
+                    conversion(format!("order {}: no row to execute", o.order_id))
+                })?;
+                if row.current_fingerprint() != o.fingerprint() {
+                    let conflict = Rejection::conflict(o, event_id, raw_event, &row.fingerprint);
+                    store_rejection(client, &conflict).await?;
+                    return Ok(Execution::Conflict {
+                        existing_fingerprint: row.fingerprint,
+                    });
+                }
+                if row.status.is_terminal() {
+                    return Ok(Execution::AlreadyDone);
+                }
+                retry.also_this_order = row.fingerprint;
+            }
+            // A racing first delivery (or first trade of the position) won
+            // the unique index: the next run finds its row.
+            "raced" => {}
+            other => {
+                return Err(conversion(format!(
+                    "order {}: the execution batch answered {other:?}",
+                    o.order_id
+                )))
+            }
+        }
+    }
+    Err(SqlError::Protocol(
+        format!(
+            "order {}: its row kept changing under {MAX_EXECUTION_TRIES} tries",
+            o.order_id
+        )
+        .into(),
+    ))
+}
+
+async fn run_execute_batch(
+    client: &mut Client,
+    batch: &ExecuteBatch,
+    o: &Order,
+    event_id: &str,
+    raw_event: &str,
+    change: Position,
+    retry: &Retry,
+) -> Result<BatchAnswer, SqlError> {
+    let (head, tail) = conflict_reason_around(o);
+    let short = short_fingerprint(o.fingerprint()).chars().count() as i32;
+    let (overflow_reason, overflow_at) = match &retry.overflow {
+        Some((reason, at)) => (reason.as_str(), *at),
+        None => ("", 0),
+    };
+    let overflow_hash = Rejection::position_overflow(
+        o,
+        event_id,
+        raw_event,
+        &Overflow {
+            current: Position::ZERO,
+            change,
+        },
+    )
+    .event_hash();
+    let conflict_hash = Rejection::conflict(o, event_id, raw_event, "").event_hash();
+    let units = |u: i128| Numeric::new_with_scale(u, 0);
+    let rows = client
+        .query(
+            batch.text(),
             &[
                 &o.order_id.as_str(),
                 &o.fingerprint(),
@@ -290,167 +423,110 @@ async fn accept_on(client: &mut Client, o: &Order, event_id: &str) -> Result<Adm
                 &o.limit_price.unwrap_or(Decimal::ZERO),
                 &o.currency.as_deref().unwrap_or(""),
                 &o.placed_at.as_deref().unwrap_or(""),
+                &units(change.units()),
+                &retry.also_this_order.as_str(),
+                &raw_event,
+                &overflow_reason,
+                &units(overflow_at),
+                &overflow_hash.as_str(),
+                &conflict_hash.as_str(),
+                &head.as_str(),
+                &tail.as_str(),
+                &short,
             ],
         )
-        .await;
-    match inserted {
-        Ok(_) => return Ok(Admission::New),
-        Err(e) if classify::is_unique_violation(&e) => {}
-        Err(e) => return Err(e),
-    }
-    // Rows are never deleted, so the row that violated the index is there.
-    let existing = read_order(client, &o.order_id).await?.ok_or_else(|| {
-        conversion(format!(
-            "order {}: unique violation but no row found",
-            o.order_id
-        ))
-    })?;
-    if existing.current_fingerprint() != o.fingerprint() {
-        return Ok(Admission::Conflict {
-            existing_fingerprint: existing.fingerprint,
-        });
-    }
-    if existing.status.is_terminal() {
-        return Ok(Admission::AlreadyDone(existing.status));
-    }
-    client
-        .execute(sql::RESUME_ORDER, &[&o.order_id.as_str()])
-        .await?;
-    Ok(Admission::Resumed)
-}
-
-/// `execute`: the position row is made to exist first, outside the
-/// transaction (a racing first trade's unique violation only means it
-/// exists). The transaction then claims the order row ([`sql::CLAIM_ORDER`]),
-/// locks and reads the position, computes the new one exactly in Rust
-/// ([`Position::apply`]) and either marks the order `Executed` and writes the
-/// position, or, when it would overflow, marks it `Rejected` and stores the
-/// event with the reason; a COMMIT that must leave no transaction open ends
-/// it. Any error inside the transaction returns at once: the connection is
-/// discarded (closing it rolls the transaction back) and no further
-/// statement is sent on it.
-async fn execute_on(
-    client: &mut Client,
-    o: &Order,
-    event_id: &str,
-    raw_event: &str,
-) -> Result<Execution, SqlError> {
-    let (account, symbol) = (o.account_id.as_str(), o.symbol.as_str());
-    match client
-        .execute(sql::ENSURE_POSITION, &[&account, &symbol])
-        .await
-    {
-        Ok(_) => {}
-        Err(e) if classify::is_unique_violation(&e) => {}
-        Err(e) => return Err(e),
-    }
-    run(client, sql::BEGIN).await?;
-    let claimed = client
-        .execute(sql::CLAIM_ORDER, &[&o.order_id.as_str()])
-        .await?
-        .total();
-    if claimed != 1 {
-        end_transaction(client, sql::ROLLBACK_AND_COUNT).await?;
-        // Not `Received` any more: done by another worker, unless the row is
-        // not there at all (never a duplicate then: the caller retries).
-        return match read_order(client, &o.order_id).await? {
-            Some(row) if row.status.is_terminal() => Ok(Execution::AlreadyDone),
-            Some(row) => Err(conversion(format!(
-                "order {}: the claim of a Received order changed {claimed} rows but the order is {}",
-                o.order_id,
-                row.status.as_str()
-            ))),
-            None => Err(conversion(format!(
-                "order {}: no row to execute (was it accepted?)",
-                o.order_id
-            ))),
-        };
-    }
-    let rows = client
-        .query(sql::LOCK_AND_READ_POSITION, &[&account, &symbol])
         .await?
         .into_results()
         .await?;
-    let current = match rows.iter().flatten().next() {
-        Some(row) => position_column(row, 0, "Quantity")?,
-        None => {
-            return Err(conversion(format!(
-                "position {account}/{symbol}: no row after making sure it exists"
-            )))
-        }
+    let row = rows.iter().flatten().last().ok_or_else(|| {
+        conversion(format!(
+            "order {}: the execution batch answered nothing",
+            o.order_id
+        ))
+    })?;
+    let open = row.try_get::<i32, _>(1)?;
+    if open != Some(0) {
+        return Err(SqlError::Protocol(
+            format!("a transaction is still open after the execution batch (@@TRANCOUNT {open:?})")
+                .into(),
+        ));
+    }
+    let answer = BatchAnswer {
+        result: opt_text(row, 0)?.unwrap_or_default(),
+        current: opt_text(row, 2)?
+            .map(|t| {
+                t.parse::<i128>()
+                    .map_err(|e| conversion(format!("position units {t:?}: {e}")))
+            })
+            .transpose()?,
+        row: order_record(row, 3)?,
     };
-    let one_row = |what: &str, changed: u64| {
-        if changed == 1 {
-            Ok(())
-        } else {
-            Err(conversion(format!(
-                "order {}: {what} changed {changed} rows, want 1",
-                o.order_id
-            )))
-        }
-    };
-    let execution = match current.apply(o.side, o.quantity) {
-        Ok(next) => {
-            let marked = client
-                .execute(sql::MARK_EXECUTED, &[&o.order_id.as_str()])
-                .await?
-                .total();
-            one_row("the update to Executed", marked)?;
-            // Scale 10 as the column: the value is sent exactly, unconverted.
-            let quantity = Numeric::new_with_scale(next.units(), position::SCALE as u8);
-            let updated = client
-                .execute(sql::SET_POSITION, &[&account, &symbol, &quantity])
-                .await?
-                .total();
-            one_row("the position update", updated)?;
-            Execution::Executed
-        }
-        Err(overflow) => {
-            let marked = client
-                .execute(sql::MARK_REJECTED, &[&o.order_id.as_str()])
-                .await?
-                .total();
-            one_row("the update to Rejected", marked)?;
-            let rejection = Rejection::position_overflow(o, event_id, raw_event, &overflow);
-            let hash = rejection.event_hash();
-            // Counted if kept before, else inserted: no statement in the
-            // transaction may fail on the unique index.
-            let counted = client
-                .execute(sql::COUNT_REJECTED_DELIVERY, &[&hash.as_str()])
-                .await?
-                .total();
-            if counted == 0 {
-                insert_rejected(client, &rejection, &hash).await?;
-            }
-            Execution::Rejected(overflow)
-        }
-    };
-    end_transaction(client, commit_batch()?).await?;
-    Ok(execution)
+    batch.after()?;
+    Ok(answer)
 }
 
-/// The batch that ends `execute`'s transaction: [`sql::COMMIT_AND_COUNT`].
-/// With the `sqlserver_commit` fault point armed (tests only): `fail` sends
-/// a statement the server fails in its place (the transaction is aborted);
-/// `skip` sends no COMMIT, only the count, so nothing but the
+/// The execution as sent: [`sql::EXECUTE_ORDER`] (the procedure), or with
+/// the `sqlserver_commit` fault point armed (tests only) the procedure's
+/// body as a batch of its own, the COMMIT replaced:
+/// `fail` puts a statement the server fails in the COMMIT's place (the
+/// transaction is aborted); `skip` leaves the COMMIT out, so nothing but the
 /// open-transaction check stands between the caller and a false `executed`;
-/// `cut` reports the connection lost; `crash` aborts the process.
-fn commit_batch() -> Result<&'static str, SqlError> {
+/// `cut` leaves it out and reports the connection lost after the answer (the
+/// server rolls back when the connection closes); `crash` aborts the process
+/// before the batch is sent.
+struct ExecuteBatch {
+    text: std::borrow::Cow<'static, str>,
+    cut: bool,
+}
+
+impl ExecuteBatch {
+    fn text(&self) -> &str {
+        &self.text
+    }
+
+    fn after(&self) -> Result<(), SqlError> {
+        if self.cut {
+            return Err(SqlError::Io {
+                kind: std::io::ErrorKind::ConnectionReset,
+                message: "fault injected at sqlserver_commit: connection cut".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn execute_batch() -> Result<ExecuteBatch, SqlError> {
     #[cfg(feature = "failpoints")]
-    if let Some(batch) = fail::eval(faults::SQLSERVER_COMMIT, |arg| match arg.as_deref() {
-        Some("fail") => Ok(sql::FAULT_FAILING_COMMIT),
-        Some("skip") => Ok(sql::OPEN_TRANSACTIONS),
-        Some("cut") => Err(SqlError::Io {
-            kind: std::io::ErrorKind::ConnectionReset,
-            message: "fault injected at sqlserver_commit: connection cut".into(),
-        }),
-        _ => Err(SqlError::Protocol(
-            faults::crash_or_error(faults::SQLSERVER_COMMIT, arg).into(),
-        )),
+    if let Some(batch) = fail::eval(faults::SQLSERVER_COMMIT, |arg| {
+        let replaced = |with: &str| {
+            sql::EXECUTE_ORDER_BODY
+                .replace(sql::EXECUTE_ORDER_COMMIT, with)
+                .into()
+        };
+        match arg.as_deref() {
+            Some("fail") => Ok(ExecuteBatch {
+                text: replaced(sql::FAULT_FAILING_COMMIT),
+                cut: false,
+            }),
+            Some("skip") => Ok(ExecuteBatch {
+                text: replaced(sql::FAULT_NO_COMMIT),
+                cut: false,
+            }),
+            Some("cut") => Ok(ExecuteBatch {
+                text: replaced(sql::FAULT_NO_COMMIT),
+                cut: true,
+            }),
+            _ => Err(SqlError::Protocol(
+                faults::crash_or_error(faults::SQLSERVER_COMMIT, arg).into(),
+            )),
+        }
     }) {
         return batch;
     }
-    Ok(sql::COMMIT_AND_COUNT)
+    Ok(ExecuteBatch {
+        text: sql::EXECUTE_ORDER.into(),
+        cut: false,
+    })
 }
 
 async fn migrate_on(client: &mut Client) -> Result<(), SqlError> {
@@ -466,17 +542,19 @@ async fn migrate_on(client: &mut Client) -> Result<(), SqlError> {
     run(client, sql::BEGIN).await?;
     run(client, sql::LOCK_SCHEMA).await?;
     for batch in sql::schema_batches() {
-        run(client, batch).await?;
+        run(client, &batch).await?;
     }
     end_transaction(client, sql::COMMIT_AND_COUNT).await
 }
 
-async fn insert_rejected(client: &mut Client, r: &Rejection, hash: &str) -> Result<(), SqlError> {
+/// `reject` in one round trip ([`sql::REJECT`]).
+async fn store_rejection(client: &mut Client, r: &Rejection) -> Result<(), SqlError> {
+    let hash = r.event_hash();
     client
         .execute(
-            sql::INSERT_REJECTED,
+            sql::REJECT,
             &[
-                &hash,
+                &hash.as_str(),
                 &r.kind.as_str(),
                 &r.order_id.as_deref().unwrap_or(""),
                 &r.event_id.as_deref().unwrap_or(""),
@@ -488,19 +566,6 @@ async fn insert_rejected(client: &mut Client, r: &Rejection, hash: &str) -> Resu
         )
         .await?;
     Ok(())
-}
-
-async fn reject_on(client: &mut Client, r: &Rejection, hash: &str) -> Result<(), SqlError> {
-    match insert_rejected(client, r, hash).await {
-        Ok(()) => Ok(()),
-        Err(e) if classify::is_unique_violation(&e) => {
-            client
-                .execute(sql::COUNT_REJECTED_DELIVERY, &[&hash])
-                .await?;
-            Ok(())
-        }
-        Err(e) => Err(e),
-    }
 }
 
 async fn identity_on(client: &mut Client) -> Result<String, SqlError> {
@@ -526,25 +591,24 @@ async fn position_on(
         .await?
         .into_row()
         .await?;
-    row.map(|r| position_column(&r, 0, "Quantity")).transpose()
+    row.map(|r| position_units(&r, 0, "Units")).transpose()
 }
 
-/// A `DECIMAL(38,10)` column (positions), exactly: read as tiberius'
-/// `Numeric` (its conversion to `Decimal` would panic past 2^96 at scale 10,
-/// and `Decimal` keeps fewer digits than the column).
-fn position_column(row: &Row, idx: usize, name: &str) -> Result<Position, SqlError> {
+/// A position column in units of 10^-10 (`Units DECIMAL(38,0)`), exactly:
+/// read as tiberius' `Numeric` (its conversion to `Decimal` would lose
+/// digits past 28).
+fn position_units(row: &Row, idx: usize, name: &str) -> Result<Position, SqlError> {
     let n = row
         .try_get::<Numeric, _>(idx)?
         .ok_or_else(|| conversion(format!("{name} is NULL")))?;
-    let scale = u32::from(n.scale());
-    let units = if scale <= position::SCALE {
-        n.value()
-            .checked_mul(10_i128.pow(position::SCALE - scale))
-            .and_then(Position::from_units)
-    } else {
-        None
-    };
-    units.ok_or_else(|| conversion(format!("{name} {n} is not a DECIMAL(38,10) value")))
+    (n.scale() == 0)
+        .then(|| Position::from_units(n.value()))
+        .flatten()
+        .ok_or_else(|| {
+            conversion(format!(
+                "{name} {n} is not a position in units (DECIMAL(38,0))"
+            ))
+        })
 }
 
 async fn rejections_on(
@@ -603,13 +667,6 @@ impl OrderStore for SqlServerStore {
         })
     }
 
-    async fn accept(&self, order: &Order, event_id: &str) -> Result<Admission, StoreError> {
-        self.schema_gate("accept")?;
-        with_client!(self, "accept", self.query_timeout, |client| accept_on(
-            client, order, event_id
-        ))
-    }
-
     async fn execute(
         &self,
         order: &Order,
@@ -623,11 +680,13 @@ impl OrderStore for SqlServerStore {
     }
 
     async fn reject(&self, rejection: &Rejection) -> Result<(), StoreError> {
-        let hash = rejection.event_hash();
         self.schema_gate("reject")?;
-        with_client!(self, "reject", self.query_timeout, |client| reject_on(
-            client, rejection, &hash
-        ))
+        with_client!(
+            self,
+            "reject",
+            self.query_timeout,
+            |client| store_rejection(client, rejection)
+        )
     }
 
     async fn order(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError> {

@@ -168,6 +168,19 @@ impl SqlConnectionManager {
                     for statement in [sql::SESSION_COUNT_ROWS, sql::SESSION_XACT_ABORT] {
                         client.simple_query(statement).await?.into_results().await?;
                     }
+                    // Best effort: before `migrate` has made the procedure
+                    // (the first connection of a new database) this fails,
+                    // and the connection is as good as before.
+                    let warmed = async {
+                        client
+                            .simple_query(sql::WARM_EXECUTE)
+                            .await?
+                            .into_results()
+                            .await
+                    };
+                    if let Err(e) = warmed.await {
+                        log::debug!("new SQL Server connection: the execution procedure not warmed ({e})");
+                    }
                     Ok::<_, tiberius::error::Error>(())
                 };
                 match tokio::time::timeout(budget, setup).await {
