@@ -21,6 +21,7 @@ pub mod blobs;
 pub mod envelope;
 pub mod function;
 pub mod name;
+pub mod progress;
 pub mod storage;
 pub mod sweep;
 

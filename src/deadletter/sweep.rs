@@ -179,7 +179,7 @@ async fn sweep_blob(
     container: &Container,
     name: &str,
     s: &mut SweepSummary,
-    past_deadline: &dyn Fn() -> bool,
+    past_deadline: &(dyn Fn() -> bool + Sync),
 ) -> (u64, String) {
     let shown = escaped(name).into_owned();
     let leave = |s: &mut SweepSummary, why: String| {
