@@ -24,7 +24,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::blobs::{BlobError, Container};
+use super::blobs::{BlobError, Container, Moved};
 use super::envelope::{parse_blob, Metadata};
 use super::name::{self, BlobName, REPLAYED, UNREADABLE};
 use crate::event::{check_type, escaped, parse_envelope};
@@ -73,9 +73,11 @@ pub struct SweepSummary {
     pub retries: u64,
     /// Blobs left where they are (an event to retry, a store or storage failure).
     pub unresolved: u64,
-    /// Blobs moved under `replayed/`.
+    /// Blobs this sweep moved under `replayed/` (one another sweep moved
+    /// first is not counted: each blob is moved once).
     pub moved: u64,
-    /// Blobs that held no events: stored as poison, moved under `unreadable/`.
+    /// Blobs that held no events: stored as poison, moved by this sweep
+    /// under `unreadable/`.
     pub unreadable: u64,
     /// Blobs not looked at because of `--max-blobs` or the deadline.
     pub not_reached: u64,
@@ -232,8 +234,10 @@ async fn sweep_blob(
             }
             log::warn!("dead letter {shown}: {}", escaped(&reason));
             return match container.move_under(UNREADABLE, name, bytes).await {
-                Ok(_) => {
-                    s.unreadable += 1;
+                Ok(moved) => {
+                    if moved == Moved::Now {
+                        s.unreadable += 1;
+                    }
                     (0, format!("unreadable: moved under {UNREADABLE}"))
                 }
                 Err(e) => (0, leave(s, e.to_string())),
@@ -271,10 +275,11 @@ async fn sweep_blob(
         );
     }
     match container.move_under(REPLAYED, name, bytes).await {
-        Ok(_) => {
+        Ok(Moved::Now) => {
             s.moved += 1;
             (count, format!("moved under {REPLAYED}"))
         }
+        Ok(Moved::Already) => (count, "moved by another sweep meanwhile".into()),
         Err(e) => (count, leave(s, e.to_string())),
     }
 }
