@@ -134,7 +134,7 @@ pub struct Config {
 }
 
 /// Default `DEAD_LETTER_CONTAINER`.
-pub const DEFAULT_DEAD_LETTER_CONTAINER: &str = "dead-letters";
+pub const DEFAULT_DEAD_LETTER_CONTAINER: &str = "deadletters";
 
 impl Config {
     /// Read the process environment.
