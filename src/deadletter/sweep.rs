@@ -143,7 +143,7 @@ async fn candidates(
             ),
         }
     }
-    names.sort_by(|a, b| (a.hour, a.to_string()).cmp(&(b.hour, b.to_string())));
+    names.sort_by_key(|n| (n.hour, n.to_string()));
     Ok(names)
 }
 
