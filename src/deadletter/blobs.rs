@@ -40,7 +40,8 @@ pub struct Listed {
 /// What a move found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Moved {
-    /// This call wrote the new name and deleted the old one.
+    /// This call wrote the copy (the conditional write only one sweep wins)
+    /// and the original is gone.
     Now,
     /// Another sweep had moved it (or was moving it) already.
     Already,
@@ -194,9 +195,9 @@ impl Container {
     ) -> Result<Moved, BlobError> {
         let to = format!("{folder}{name}");
         let wrote = self.put_new(&to, bytes).await?;
-        let deleted = match self.store.delete(&Path::from(name)).await {
-            Ok(()) => true,
-            Err(object_store::Error::NotFound { .. }) => false,
+        // NotFound: a sweep that found the copy already there deleted it.
+        match self.store.delete(&Path::from(name)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => {
                 return Err(self.error(
                     &format!("copied {name} to {to} but cannot delete the original (the next sweep finishes the move)"),
@@ -204,11 +205,8 @@ impl Container {
                 ))
             }
         };
-        Ok(if wrote && deleted {
-            Moved::Now
-        } else {
-            Moved::Already
-        })
+        // The conditional write succeeds for one sweep only: that one moved it.
+        Ok(if wrote { Moved::Now } else { Moved::Already })
     }
 }
 
