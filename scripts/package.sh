@@ -52,14 +52,15 @@ fi
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/OrderTrigger"
+mkdir -p "$stage/OrderTrigger" "$stage/DeadLetterSweep"
 cp host.json "$stage/"
 cp OrderTrigger/function.json "$stage/OrderTrigger/"
+cp DeadLetterSweep/function.json "$stage/DeadLetterSweep/"
 install -m 0755 "$binary" "$stage/order-guard"
 mkdir -p dist
 rm -f "$out"
 # zip keeps Unix modes (the executable bit) in the entries' external attributes.
-(cd "$stage" && zip -q -X -r "$OLDPWD/$out" host.json OrderTrigger order-guard)
+(cd "$stage" && zip -q -X -r "$OLDPWD/$out" host.json OrderTrigger DeadLetterSweep order-guard)
 
 echo "$out"
 cat >&2 <<EOF

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls exactly this).
 #
-# 1. makes sure redis-server is installed (the Redis tests start their own on a
+# 1. makes sure redis-server is installed, and Azurite (scripts/ensure-azurite.sh:
+#    the dead-letter tests start their own Blob Storage emulator) (the Redis tests start their own on a
 #    free loopback port; they fail loudly when it is missing);
 # 2. starts the real T-SQL engine (scripts/tsql-engine.sh) for the SQL Server
 #    tests, unless ORDER_GUARD_TEST_MSSQL already names a server (your own SQL
@@ -16,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/ensure-redis.sh
+scripts/ensure-azurite.sh
 
 started_engine=""
 if [ -z "${ORDER_GUARD_TEST_MSSQL:-}" ]; then

@@ -218,9 +218,18 @@ async fn migrate_at_start(store: &dyn OrderStore) -> Result<(), crate::store::St
 /// `serve`: listen on 127.0.0.1:$FUNCTIONS_CUSTOMHANDLER_PORT until SIGTERM/SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let processor = build_processor(&config).await?;
+    let container = match &config.dead_letter {
+        Some(_) => Some(dead_letter_container(&config)?),
+        None => None,
+    };
+    let sweep = Arc::new(crate::deadletter::function::SweepFunction::new(
+        Arc::clone(&processor),
+        container,
+    ));
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, config.port));
-    let (bound, server) = crate::host::bind(
+    let (bound, server) = crate::host::bind_with(
         processor,
+        sweep,
         addr,
         config.limits,
         shutdown_signal(),
@@ -495,4 +504,50 @@ pub async fn prune_guard(config: &Config, dry_run: bool) -> anyhow::Result<Prune
         summary.orphaned.push(order_id);
     }
     Ok(summary)
+}
+
+/// The dead-letter container of the configuration, or what to set.
+pub fn dead_letter_container(config: &Config) -> anyhow::Result<crate::deadletter::Container> {
+    let settings = config.dead_letter.as_ref().ok_or_else(|| {
+        anyhow::anyhow!("DEAD_LETTER_STORAGE is not set: give the dead-letter storage account's connection string or the container's URL (and DEAD_LETTER_CONTAINER, default {})", crate::config::DEFAULT_DEAD_LETTER_CONTAINER)
+    })?;
+    init_tls();
+    Ok(crate::deadletter::Container::open(settings)?)
+}
+
+/// `dead-letters replay`: every dead-lettered event through the processor;
+/// finished blobs moved under `replayed/`, unreadable ones under `unreadable/`.
+pub async fn dead_letters_replay(
+    config: &Config,
+    options: &crate::deadletter::SweepOptions,
+) -> anyhow::Result<crate::deadletter::SweepSummary> {
+    let container = dead_letter_container(config)?;
+    let processor = build_processor(config).await?;
+    println!(
+        "replaying dead letters from {} ({})",
+        container.describe(),
+        describe(config)
+    );
+    let progress = crate::deadletter::progress::for_stderr();
+    Ok(crate::deadletter::sweep(&processor, &container, options, progress.as_ref()).await?)
+}
+
+/// `dead-letters list`: counts by reason and by the outcome a replay would
+/// get (from the store's rows), oldest and newest; changes nothing.
+pub async fn dead_letters_list(
+    config: &Config,
+    options: &crate::deadletter::SweepOptions,
+) -> anyhow::Result<crate::deadletter::ListSummary> {
+    let container = dead_letter_container(config)?;
+    let store = build_store(config).await?;
+    store
+        .migrate()
+        .await
+        .with_context(|| format!("checking the {} schema", store.name()))?;
+    println!(
+        "dead letters in {} ({})",
+        container.describe(),
+        describe(config)
+    );
+    Ok(crate::deadletter::list(&container, store.as_ref(), &config.processor, options).await?)
 }

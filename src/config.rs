@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::deadletter::storage::{check_container, parse_storage, DeadLetterSettings};
 use crate::finished::FinishedCacheSettings;
 use crate::guard::GuardSettings;
 use crate::guard::MEMORY_GUARD_MAX_COMPLETED;
@@ -128,7 +129,12 @@ pub struct Config {
     pub processor: ProcessorSettings,
     /// How long SIGTERM waits for in-flight invocations.
     pub shutdown_grace: Duration,
+    /// The dead-letter container the sweep replays (`None`: off).
+    pub dead_letter: Option<DeadLetterSettings>,
 }
+
+/// Default `DEAD_LETTER_CONTAINER`.
+pub const DEFAULT_DEAD_LETTER_CONTAINER: &str = "deadletters";
 
 impl Config {
     /// Read the process environment.
@@ -297,6 +303,7 @@ impl Config {
                 }
             },
         };
+        let dead_letter = dead_letter(val("DEAD_LETTER_STORAGE"), val("DEAD_LETTER_CONTAINER"))?;
         Ok(Config {
             port,
             limits: Limits {
@@ -353,8 +360,45 @@ impl Config {
                 },
             },
             shutdown_grace: Duration::from_secs(num("SHUTDOWN_GRACE_SECONDS", 25, 0, 300)?),
+            dead_letter,
         })
     }
+}
+
+/// `DEAD_LETTER_STORAGE` and `DEAD_LETTER_CONTAINER`: the sweep's
+/// settings, or `None` when no storage is given. Messages never quote the
+/// storage value (it may hold a key or a SAS).
+fn dead_letter(
+    storage: Option<String>,
+    container: Option<String>,
+) -> Result<Option<DeadLetterSettings>, ConfigError> {
+    if let Some(c) = &container {
+        check_container(c).map_err(|p| err("DEAD_LETTER_CONTAINER", p))?;
+    }
+    let Some(storage) = storage else {
+        return Ok(None);
+    };
+    let target = parse_storage(&storage).map_err(|p| {
+        err(
+            "DEAD_LETTER_STORAGE",
+            format!("{p}; expected the storage account's connection string, UseDevelopmentStorage=true, or the container's URL https://<account>.blob.core.windows.net/<container>[?<SAS>] (the value is not shown)"),
+        )
+    })?;
+    let container = match (&target.container, container) {
+        (Some(in_url), Some(set)) if *in_url != set => {
+            return Err(err(
+                "DEAD_LETTER_CONTAINER",
+                format!("is {set:?} but DEAD_LETTER_STORAGE's URL names the container {in_url:?}; set one of them"),
+            ))
+        }
+        (Some(in_url), _) => in_url.clone(),
+        (None, Some(set)) => set,
+        (None, None) => DEFAULT_DEAD_LETTER_CONTAINER.to_string(),
+    };
+    Ok(Some(DeadLetterSettings {
+        storage: target,
+        container,
+    }))
 }
 
 fn parse_num(var: &'static str, v: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
@@ -509,6 +553,49 @@ mod tests {
                 ttl: Duration::from_secs(3_600)
             }
         );
+    }
+
+    #[test]
+    fn the_dead_letter_settings() {
+        assert_eq!(config(&[]).unwrap().dead_letter, None);
+        let c = config(&[("DEAD_LETTER_STORAGE", "UseDevelopmentStorage=true")]).unwrap();
+        let d = c.dead_letter.unwrap();
+        assert_eq!(d.container, DEFAULT_DEAD_LETTER_CONTAINER);
+        assert_eq!(d.storage.account, "devstoreaccount1");
+        let c = config(&[
+            (
+                "DEAD_LETTER_STORAGE",
+                "https://ordersdl.blob.core.windows.net/orders-dlq",
+            ),
+            ("DEAD_LETTER_CONTAINER", "orders-dlq"),
+        ])
+        .unwrap();
+        assert_eq!(c.dead_letter.unwrap().container, "orders-dlq");
+        let e = config(&[
+            (
+                "DEAD_LETTER_STORAGE",
+                "https://ordersdl.blob.core.windows.net/orders-dlq",
+            ),
+            ("DEAD_LETTER_CONTAINER", "other"),
+        ])
+        .unwrap_err();
+        assert_eq!(e.var, "DEAD_LETTER_CONTAINER");
+        let key = "c2VjcmV0LWtleS1vZi10aGUtYWNjb3VudC0xMjM0NTY3ODkwYWJjZA==";
+        let e = config(&[(
+            "DEAD_LETTER_STORAGE",
+            &format!("AccountName=Bad_Name;AccountKey={key}"),
+        )])
+        .unwrap_err();
+        assert_eq!(e.var, "DEAD_LETTER_STORAGE");
+        assert!(!e.to_string().contains(key), "{e}");
+        let c = config(&[(
+            "DEAD_LETTER_STORAGE",
+            &format!("AccountName=ordersdl;AccountKey={key}"),
+        )])
+        .unwrap();
+        assert!(!format!("{c:?}").contains(key));
+        let e = config(&[("DEAD_LETTER_CONTAINER", "Bad")]).unwrap_err();
+        assert_eq!(e.var, "DEAD_LETTER_CONTAINER");
     }
 
     #[test]

@@ -24,6 +24,7 @@ use serde_json::{json, Value};
 use warp::http::StatusCode;
 use warp::{Filter, Rejection, Reply};
 
+use crate::deadletter::function::{SweepFunction, FUNCTION_NAME as SWEEP_FUNCTION};
 use crate::processor::{Outcome, Processor, TriggerResult};
 
 /// The function this handler serves (folder name and request path).
@@ -113,9 +114,20 @@ impl Default for Limits {
     }
 }
 
-/// All routes: readiness, counters, the function, and JSON for everything else.
+/// All routes, the dead-letter sweep off (see [`routes_with`]).
 pub fn routes(
     processor: Arc<Processor>,
+    limits: Limits,
+) -> impl Filter<Extract = (warp::reply::Response,), Error = Infallible> + Clone {
+    let sweep = Arc::new(SweepFunction::new(Arc::clone(&processor), None));
+    routes_with(processor, sweep, limits)
+}
+
+/// All routes: readiness, counters, the two functions (`OrderTrigger`,
+/// `DeadLetterSweep`), and JSON for everything else.
+pub fn routes_with(
+    processor: Arc<Processor>,
+    sweep: Arc<SweepFunction>,
     limits: Limits,
 ) -> impl Filter<Extract = (warp::reply::Response,), Error = Infallible> + Clone {
     let ready = warp::get().and(warp::path::end()).map(|| {
@@ -133,11 +145,13 @@ pub fn routes(
         .and(warp::body::stream())
         .and_then(move |function: String, length: Option<u64>, body| {
             let processor = Arc::clone(&processor);
+            let sweep = Arc::clone(&sweep);
             async move {
-                let response = match invoke(&processor, &function, length, body, limits).await {
-                    Ok(r) => r,
-                    Err(refusal) => refusal_response(refusal),
-                };
+                let response =
+                    match invoke(&processor, &sweep, &function, length, body, limits).await {
+                        Ok(r) => r,
+                        Err(refusal) => refusal_response(refusal),
+                    };
                 Ok::<_, Rejection>(response)
             }
         });
@@ -172,6 +186,7 @@ async fn recover(rejection: Rejection) -> Result<warp::reply::Response, Infallib
 
 async fn invoke<S, B>(
     processor: &Processor,
+    sweep: &SweepFunction,
     function: &str,
     length: Option<u64>,
     body: S,
@@ -181,10 +196,14 @@ where
     S: Stream<Item = Result<B, warp::Error>> + Unpin,
     B: Buf,
 {
-    if !function.eq_ignore_ascii_case(FUNCTION_NAME) {
+    let is_sweep = function.eq_ignore_ascii_case(SWEEP_FUNCTION);
+    if !function.eq_ignore_ascii_case(FUNCTION_NAME) && !is_sweep {
         return Err(Refusal::new(
             StatusCode::NOT_FOUND,
-            format!("no function named {function:?}; this handler serves {FUNCTION_NAME}"),
+            format!(
+                "no function named {:?}; this handler serves {FUNCTION_NAME} and {SWEEP_FUNCTION}",
+                crate::event::shown(function)
+            ),
         ));
     }
     let bytes = tokio::time::timeout(
@@ -201,6 +220,11 @@ where
             ),
         )
     })??;
+    if is_sweep {
+        let (status, body) = sweep.invoke(&bytes).await;
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return Ok(warp::reply::with_status(warp::reply::json(&body), status).into_response());
+    }
     let trigger = trigger_value(&bytes)?;
     let result = processor.process_trigger(trigger).await;
     Ok(answer(result))
@@ -360,6 +384,19 @@ pub fn bind(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> anyhow::Result<(SocketAddr, impl Future<Output = ()>)> {
+    let sweep = Arc::new(SweepFunction::new(Arc::clone(&processor), None));
+    bind_with(processor, sweep, addr, limits, shutdown, grace)
+}
+
+/// [`bind`], with the `DeadLetterSweep` function given.
+pub fn bind_with(
+    processor: Arc<Processor>,
+    sweep: Arc<SweepFunction>,
+    addr: SocketAddr,
+    limits: Limits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> anyhow::Result<(SocketAddr, impl Future<Output = ()>)> {
     // Cancellation is sticky: whoever looks after the signal still sees it.
     let stop = tokio_util::sync::CancellationToken::new();
     let signalled = stop.clone();
@@ -369,7 +406,7 @@ pub fn bind(
         signalled.cancel();
     };
     let drained = stop.clone();
-    let (bound, server) = warp::serve(routes(processor, limits))
+    let (bound, server) = warp::serve(routes_with(processor, sweep, limits))
         .try_bind_with_graceful_shutdown(addr, async move { drained.cancelled().await })
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
     let run = async move {

@@ -12,6 +12,7 @@
 
 pub mod app;
 pub mod config;
+pub mod deadletter;
 pub mod decision;
 pub mod event;
 pub mod faults;

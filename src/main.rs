@@ -48,6 +48,48 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Dead-lettered events in Blob Storage (DEAD_LETTER_STORAGE,
+    /// DEAD_LETTER_CONTAINER): count them, or replay them through the processor.
+    DeadLetters {
+        #[command(subcommand)]
+        action: DeadLetterAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum DeadLetterAction {
+    /// Counts by dead-letter reason and by the outcome a replay would get
+    /// (read from the store, nothing executed or moved), oldest and newest.
+    List(DeadLetterArgs),
+    /// Push every dead-lettered event through the processor; move each blob
+    /// whose events all got a final outcome under replayed/ (unreadable ones
+    /// under unreadable/, after storing them as poison).
+    Replay(DeadLetterArgs),
+}
+
+#[derive(clap::Args)]
+struct DeadLetterArgs {
+    /// Only blobs under this folder: a subscription (its name in upper case
+    /// for topics), `<SUBSCRIPTION>/<yyyy>/<M>/<d>/<H>` for one hour, or
+    /// `<namespace>/<topic>/<subscription>`.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// At most this many blobs.
+    #[arg(long)]
+    max_blobs: Option<usize>,
+    /// Start no blob or event after this many seconds.
+    #[arg(long)]
+    deadline: Option<u64>,
+}
+
+impl DeadLetterArgs {
+    fn options(&self) -> order_guard::deadletter::SweepOptions {
+        order_guard::deadletter::SweepOptions {
+            prefix: self.prefix.clone(),
+            max_blobs: self.max_blobs,
+            deadline: self.deadline.map(std::time::Duration::from_secs),
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -111,6 +153,28 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::PruneGuard { dry_run } => {
             let summary = app::prune_guard(&config, dry_run).await?;
             println!("{summary}");
+        }
+        Command::DeadLetters {
+            action: DeadLetterAction::List(args),
+        } => print!(
+            "{}",
+            app::dead_letters_list(&config, &args.options()).await?
+        ),
+        Command::DeadLetters {
+            action: DeadLetterAction::Replay(args),
+        } => {
+            let summary = app::dead_letters_replay(&config, &args.options()).await?;
+            for left in &summary.left {
+                println!("left {left}");
+            }
+            println!("{summary}");
+            if summary.unresolved > 0 {
+                eprintln!(
+                    "order-guard: {} dead-letter blobs stay for the next replay (reasons above)",
+                    summary.unresolved
+                );
+                return Ok(ExitCode::FAILURE);
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

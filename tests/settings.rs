@@ -16,8 +16,13 @@ fn set_by_the_platform(k: &str) -> bool {
         || order_guard::hosting::VARIABLES.contains(&k)
 }
 
-/// Entries the Functions host reads, not the handler.
-const READ_BY_THE_HOST: [&str; 2] = ["FUNCTIONS_WORKER_RUNTIME", "AzureWebJobsStorage"];
+/// Entries the Functions host reads, not the handler (the sweep's timer
+/// schedule is resolved by the host from `DeadLetterSweep/function.json`).
+const READ_BY_THE_HOST: [&str; 3] = [
+    "FUNCTIONS_WORKER_RUNTIME",
+    "AzureWebJobsStorage",
+    "DEAD_LETTER_SWEEP_SCHEDULE",
+];
 
 /// Read by the handler outside `Config`: the log filter (env_logger, in
 /// `app::init_logging`). Fault points (`FAILPOINTS`) exist only in test

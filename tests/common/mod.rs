@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod azurite;
+
 use order_guard::guard::{GuardSettings, IdempotencyGuard, MemoryGuard, RedisGuard};
 use order_guard::processor::{Processor, ProcessorSettings};
 use order_guard::store::{OrderStore, SqliteStore};

@@ -1,0 +1,305 @@
+//! The dead-letter container, through `object_store`'s Azure backend: the
+//! sweep's seam to Blob Storage, like the guard's to Redis and the store's
+//! to SQL. It lists, reads, and moves blobs; a move is a conditional put of
+//! the blob's bytes under its new name (`PutMode::Create`: it fails if that
+//! name exists) and then a delete of the old one, so two sweeps moving one
+//! blob at once write it once and both see it moved.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::azure::{AzureCredential, AzureCredentialProvider, MicrosoftAzureBuilder};
+use object_store::path::Path;
+use object_store::{
+    ClientOptions, CredentialProvider, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    PutPayload, RetryConfig,
+};
+use tokio::sync::Mutex;
+
+use super::storage::{Credential, DeadLetterSettings};
+
+/// Each request to Blob Storage is bounded by this (retries included).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The Entra ID scope of Blob Storage.
+const STORAGE_SCOPE: &str = "https://storage.azure.com/.default";
+
+/// A Blob Storage failure, with what to check; never a key or a SAS.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BlobError(pub String);
+
+/// One blob as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub name: String,
+    pub size: u64,
+}
+
+/// What a move found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moved {
+    /// This call wrote the copy (the conditional write only one sweep wins)
+    /// and the original is gone.
+    Now,
+    /// Another sweep had moved it (or was moving it) already.
+    Already,
+}
+
+/// The dead-letter container.
+#[derive(Debug, Clone)]
+pub struct Container {
+    store: Arc<dyn ObjectStore>,
+    /// `<account>/<container>`, for messages.
+    described: String,
+}
+
+impl Container {
+    /// A client for the container; sends nothing yet.
+    pub fn open(settings: &DeadLetterSettings) -> Result<Container, BlobError> {
+        let target = &settings.storage;
+        let options = ClientOptions::new()
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_allow_http(target.endpoint.starts_with("http://"));
+        let retry = RetryConfig {
+            max_retries: 3,
+            retry_timeout: REQUEST_TIMEOUT,
+            ..RetryConfig::default()
+        };
+        let mut builder = MicrosoftAzureBuilder::new()
+            .with_account(&target.account)
+            .with_container_name(&settings.container)
+            .with_endpoint(target.endpoint.clone())
+            .with_client_options(options)
+            .with_retry(retry);
+        builder = match &target.credential {
+            Credential::AccountKey(k) => builder.with_access_key(k.expose()),
+            Credential::Sas(s) => builder.with_sas_authorization(
+                object_store::azure::split_sas(s.expose()).map_err(|_| {
+                    BlobError("DEAD_LETTER_STORAGE: the shared access signature is not a URL query (sv=…&sig=…)".into())
+                })?,
+            ),
+            Credential::EntraId => builder.with_credentials(entra_id()),
+        };
+        let store = builder.build().map_err(|e| {
+            BlobError(format!(
+                "DEAD_LETTER_STORAGE: cannot make a Blob Storage client: {}",
+                scrub(&e.to_string())
+            ))
+        })?;
+        Ok(Container {
+            store: Arc::new(store),
+            described: format!(
+                "{}/{} ({})",
+                target.account,
+                settings.container,
+                target.credential.kind()
+            ),
+        })
+    }
+
+    /// `<account>/<container> (<credential kind>)`, for logs.
+    pub fn describe(&self) -> &str {
+        &self.described
+    }
+
+    fn error(&self, what: &str, e: object_store::Error) -> BlobError {
+        let hint = match &e {
+            object_store::Error::NotFound { .. } => {
+                "; check DEAD_LETTER_CONTAINER (the container must exist: it is the subscription's dead-letter destination)"
+            }
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => {
+                "; the app's identity needs the Storage Blob Data Contributor role on the container (or check the key or SAS in DEAD_LETTER_STORAGE)"
+            }
+            _ => "",
+        };
+        BlobError(format!(
+            "{what} in {}: {}{hint}",
+            self.described,
+            scrub(&e.to_string())
+        ))
+    }
+
+    /// Every blob whose name starts with `prefix` (a folder: whole path
+    /// segments), or every blob in the container.
+    pub async fn list(&self, prefix: Option<&str>) -> Result<Vec<Listed>, BlobError> {
+        let prefix = prefix.map(Path::from);
+        self.store
+            .list(prefix.as_ref())
+            .map_ok(|m| Listed {
+                name: m.location.to_string(),
+                size: m.size,
+            })
+            .try_collect()
+            .await
+            .map_err(|e| self.error("cannot list the blobs", e))
+    }
+
+    /// The top-level folders (`<SUBSCRIPTION>/`, `<namespace>/`, `replayed/`, …).
+    pub async fn folders(&self) -> Result<Vec<String>, BlobError> {
+        let listed = self
+            .store
+            .list_with_delimiter(None)
+            .await
+            .map_err(|e| self.error("cannot list the folders", e))?;
+        Ok(listed
+            .common_prefixes
+            .into_iter()
+            .map(|p| p.to_string())
+            .collect())
+    }
+
+    /// A blob's bytes; `None` when it is gone (another sweep moved it).
+    pub async fn read(&self, name: &str) -> Result<Option<Bytes>, BlobError> {
+        let path = Path::from(name);
+        match self.store.get(&path).await {
+            Ok(r) => r
+                .bytes()
+                .await
+                .map(Some)
+                .map_err(|e| self.error(&format!("cannot read {name}"), e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error(&format!("cannot read {name}"), e)),
+        }
+    }
+
+    /// Write a blob only if its name is free; `false` when it exists.
+    pub async fn put_new(&self, name: &str, bytes: Bytes) -> Result<bool, BlobError> {
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match self
+            .store
+            .put_opts(&Path::from(name), PutPayload::from(bytes), options)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => Ok(false),
+            Err(e) => Err(self.error(&format!("cannot write {name}"), e)),
+        }
+    }
+
+    /// Move `name` (whose content is `bytes`) under `folder`: write the copy
+    /// if it is not there yet, then delete the original. Nothing is deleted
+    /// unless the copy exists.
+    pub async fn move_under(
+        &self,
+        folder: &str,
+        name: &str,
+        bytes: Bytes,
+    ) -> Result<Moved, BlobError> {
+        let to = format!("{folder}{name}");
+        let wrote = self.put_new(&to, bytes).await?;
+        // NotFound: a sweep that found the copy already there deleted it.
+        match self.store.delete(&Path::from(name)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => {
+                return Err(self.error(
+                    &format!("copied {name} to {to} but cannot delete the original (the next sweep finishes the move)"),
+                    e,
+                ))
+            }
+        };
+        // The conditional write succeeds for one sweep only: that one moved it.
+        Ok(if wrote { Moved::Now } else { Moved::Already })
+    }
+}
+
+/// Remove what could be a secret from an error text: a SAS signature and
+/// any query string of a URL.
+pub fn scrub(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('?') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == ')')
+            .unwrap_or(tail.len());
+        if tail[..end].contains('=') {
+            out.push_str("?(query not shown)");
+        } else {
+            out.push_str(&tail[..end]);
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Entra ID tokens for Blob Storage from the same credential chain as
+/// SQL's `Active Directory Default` (workload identity, the app's managed
+/// identity, `az`/`azd` login, the Instance Metadata Service).
+fn entra_id() -> AzureCredentialProvider {
+    Arc::new(EntraId {
+        chain: crate::store::sqlserver::aad::default_chain_credential(
+            None,
+            Duration::from_secs(10),
+        ),
+        cached: Mutex::new(None),
+    })
+}
+
+struct EntraId {
+    chain: crate::store::sqlserver::aad::ChainCredential,
+    cached: Mutex<Option<(Arc<AzureCredential>, azure_core::time::OffsetDateTime)>>,
+}
+
+impl std::fmt::Debug for EntraId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EntraId(Storage Blob Data Contributor token; not shown)")
+    }
+}
+
+#[async_trait::async_trait]
+impl CredentialProvider for EntraId {
+    type Credential = AzureCredential;
+
+    async fn get_credential(&self) -> object_store::Result<Arc<AzureCredential>> {
+        use azure_core::credentials::TokenCredential;
+        let mut cached = self.cached.lock().await;
+        let margin = azure_core::time::Duration::seconds(300);
+        if let Some((token, expires)) = cached.as_ref() {
+            if *expires - margin > azure_core::time::OffsetDateTime::now_utc() {
+                return Ok(Arc::clone(token));
+            }
+        }
+        let token = self
+            .chain
+            .get_token(&[STORAGE_SCOPE], None)
+            .await
+            .map_err(|e| object_store::Error::Unauthenticated {
+                path: String::new(),
+                source: format!(
+                    "no Entra ID token for Blob Storage ({}); on Azure enable a managed identity for the app and give it the Storage Blob Data Contributor role on the container; locally run `az login`",
+                    scrub(&e.to_string())
+                )
+                .into(),
+            })?;
+        let credential = Arc::new(AzureCredential::BearerToken(
+            token.token.secret().to_string(),
+        ));
+        *cached = Some((Arc::clone(&credential), token.expires_on));
+        Ok(credential)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scrubbing_removes_queries_only() {
+        assert_eq!(
+            scrub("GET https://a.blob.core.windows.net/c/b?sv=1&sig=SECRET failed"),
+            "GET https://a.blob.core.windows.net/c/b?(query not shown) failed"
+        );
+        assert_eq!(scrub("is it there? no"), "is it there? no");
+        assert_eq!(scrub("plain"), "plain");
+    }
+}

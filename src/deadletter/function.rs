@@ -1,0 +1,109 @@
+//! The `DeadLetterSweep` timer function (`DeadLetterSweep/function.json`):
+//! what the host's invocation of it looks like and what it answers. The
+//! host routes `POST /DeadLetterSweep` here; this module owns the binding
+//! and the answer, [`sweep`](super::sweep) does the work.
+//!
+//! The host sends `{"Data": {"timer": {"Schedule": …, "ScheduleStatus": …,
+//! "IsPastDue": …}}, "Metadata": {…}}`; nothing in it changes what the sweep
+//! does. The answer is an InvokeResponse (`Outputs`, `Logs`, `ReturnValue`):
+//! 200 with the summary, also when some blobs stay for the next sweep (a
+//! timer is never retried by the host; the next tick is the retry); 500
+//! when the container could not even be listed, so the invocation shows as
+//! failed in the host's logs. Without `DEAD_LETTER_STORAGE` the function is
+//! off and says so (200).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::blobs::Container;
+use super::sweep::{sweep, Silent, SweepOptions};
+use crate::processor::Processor;
+
+/// The function's folder name and request path.
+pub const FUNCTION_NAME: &str = "DeadLetterSweep";
+/// The trigger's `name` in `DeadLetterSweep/function.json`.
+pub const BINDING_NAME: &str = "timer";
+/// How long one sweep may run: under host.json's `functionTimeout` (5 min),
+/// with a minute for the event in flight and the answer.
+pub const SWEEP_DEADLINE: Duration = Duration::from_secs(240);
+
+/// The sweep as a function of this handler.
+pub struct SweepFunction {
+    processor: Arc<Processor>,
+    container: Option<Container>,
+    deadline: Duration,
+    /// One sweep at a time in this process (another process may sweep at
+    /// once: that is safe, this only saves the duplicate work).
+    running: tokio::sync::Mutex<()>,
+}
+
+impl SweepFunction {
+    /// `container` `None`: off (no `DEAD_LETTER_STORAGE`).
+    pub fn new(processor: Arc<Processor>, container: Option<Container>) -> SweepFunction {
+        SweepFunction {
+            processor,
+            container,
+            deadline: SWEEP_DEADLINE,
+            running: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Answer one invocation: (HTTP status, InvokeResponse body).
+    pub async fn invoke(&self, body: &[u8]) -> (u16, Value) {
+        let answer = |status: u16, log: String, ret: Value| {
+            (
+                status,
+                json!({"Outputs": {}, "Logs": [log], "ReturnValue": ret}),
+            )
+        };
+        let parsed: Result<Value, _> = serde_json::from_slice(body);
+        let has_data = parsed
+            .as_ref()
+            .ok()
+            .and_then(Value::as_object)
+            .is_some_and(|o| o.keys().any(|k| k.eq_ignore_ascii_case("Data")));
+        if !has_data {
+            let message = format!("request body is not a host invocation of {FUNCTION_NAME}: expected a JSON object with \"Data\" (the timer binding, \"{BINDING_NAME}\")");
+            log::warn!("invocation refused (400): {message}");
+            return answer(400, message.clone(), json!({"error": message}));
+        }
+        let Some(container) = &self.container else {
+            let message = format!("{FUNCTION_NAME} is off: DEAD_LETTER_STORAGE is not set (give the dead-letter storage account's connection string or the container's URL to replay dead-lettered orders)");
+            log::info!("{message}");
+            return answer(
+                200,
+                message.clone(),
+                json!({"sweep": "off", "reason": message}),
+            );
+        };
+        let Ok(_one) = self.running.try_lock() else {
+            let message = format!("{FUNCTION_NAME}: a sweep is already running in this instance; this one did nothing");
+            log::info!("{message}");
+            return answer(
+                200,
+                message.clone(),
+                json!({"sweep": "skipped", "reason": message}),
+            );
+        };
+        let options = SweepOptions {
+            prefix: None,
+            max_blobs: None,
+            deadline: Some(self.deadline),
+        };
+        log::info!("{FUNCTION_NAME}: sweeping {}", container.describe());
+        match sweep(&self.processor, container, &options, &Silent).await {
+            Ok(summary) => {
+                let line = format!("{FUNCTION_NAME}: {summary}");
+                log::info!("{line}");
+                answer(200, line, json!({"sweep": "done", "summary": summary}))
+            }
+            Err(e) => {
+                let message = format!("{FUNCTION_NAME}: {e}");
+                log::error!("{message}");
+                answer(500, message.clone(), json!({"error": message}))
+            }
+        }
+    }
+}

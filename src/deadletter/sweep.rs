@@ -1,0 +1,536 @@
+//! The replay of a dead-letter container (`dead-letters replay`, the
+//! `DeadLetterSweep` timer) and its dry run (`dead-letters list`).
+//!
+//! Per blob, oldest hour first:
+//! - read it (gone: another sweep moved it; skipped);
+//! - not events ([`Unreadable`]): its text is stored in `RejectedEvents` as
+//!   poison with the reason (`OrderStore::reject`: keyed by kind + text, so
+//!   once however often this runs), then it is moved under `unreadable/`;
+//! - events: each through [`Processor::process_event`] (the same outcomes,
+//!   counters and log lines as a delivery) plus one line with the
+//!   dead-letter reason and attempt count; when every event got a final
+//!   outcome (executed, duplicate, conflict, rejected) the blob is moved
+//!   under `replayed/`, else it stays for the next sweep.
+//!
+//! Safe from several processes at once: the processor executes each order
+//! once, and a move is a conditional write plus a delete
+//! ([`Container::move_under`]), done once whoever gets there first.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::blobs::{BlobError, Container, Moved};
+use super::envelope::{parse_blob, Metadata};
+use super::name::{self, BlobName, REPLAYED, UNREADABLE};
+use crate::event::{check_type, escaped, parse_envelope};
+use crate::order::Order;
+use crate::processor::{OutcomeKind, Processor, ProcessorSettings};
+use crate::store::{OrderRecord, OrderStore, Rejection, RejectionKind};
+
+/// How long storing an unreadable blob's rejection may take.
+const REJECT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What to sweep.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepOptions {
+    /// Only blobs under this folder (`<SUBSCRIPTION>`, `<SUBSCRIPTION>/2025/6/14/9`,
+    /// `<namespace>/<topic>/<subscription>`; whole path segments).
+    pub prefix: Option<String>,
+    /// At most this many blobs.
+    pub max_blobs: Option<usize>,
+    /// Start no blob or event after this long.
+    pub deadline: Option<Duration>,
+}
+
+/// Told as the sweep goes (a progress bar, plain lines, nothing).
+pub trait Progress: Send + Sync {
+    fn start(&self, _blobs: u64) {}
+    /// One blob done; `events` it held, `note` what became of it.
+    fn blob_done(&self, _name: &str, _events: u64, _note: &str) {}
+    fn finish(&self) {}
+}
+
+/// Tells nothing.
+pub struct Silent;
+impl Progress for Silent {}
+
+/// What a sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SweepSummary {
+    /// Blobs looked at.
+    pub blobs: u64,
+    pub events: u64,
+    pub executed: u64,
+    pub duplicates: u64,
+    pub conflicts: u64,
+    pub rejected: u64,
+    /// Events answered `retry` or `in_progress`: their blobs stay.
+    pub retries: u64,
+    /// Blobs left where they are (an event to retry, a store or storage failure).
+    pub unresolved: u64,
+    /// Blobs this sweep moved under `replayed/` (one another sweep moved
+    /// first is not counted: each blob is moved once).
+    pub moved: u64,
+    /// Blobs that held no events: stored as poison, moved by this sweep
+    /// under `unreadable/`.
+    pub unreadable: u64,
+    /// Blobs not looked at because of `--max-blobs` or the deadline.
+    pub not_reached: u64,
+    /// Each blob left, and why.
+    pub left: Vec<String>,
+}
+
+impl fmt::Display for SweepSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "blobs={} events={} executed={} duplicates={} conflicts={} rejected={} retries={} unresolved={} moved={} unreadable={}",
+            self.blobs,
+            self.events,
+            self.executed,
+            self.duplicates,
+            self.conflicts,
+            self.rejected,
+            self.retries,
+            self.unresolved,
+            self.moved,
+            self.unreadable
+        )?;
+        if self.not_reached > 0 {
+            write!(f, " not_reached={}", self.not_reached)?;
+        }
+        Ok(())
+    }
+}
+
+/// The dead-letter blobs to look at, oldest hour first; names in neither
+/// documented layout (and those already moved) are left out, with a warning.
+async fn candidates(
+    container: &Container,
+    prefix: Option<&str>,
+) -> Result<Vec<BlobName>, BlobError> {
+    let mut listed = Vec::new();
+    match prefix
+        .map(|p| p.trim_matches('/'))
+        .filter(|p| !p.is_empty())
+    {
+        Some(p) => listed.extend(container.list(Some(p)).await?),
+        None => {
+            for folder in container.folders().await? {
+                let top = folder.trim_end_matches('/');
+                if format!("{top}/") == REPLAYED || format!("{top}/") == UNREADABLE {
+                    continue;
+                }
+                listed.extend(container.list(Some(top)).await?);
+            }
+        }
+    }
+    let mut names: Vec<BlobName> = Vec::new();
+    for blob in listed {
+        if name::is_archived(&blob.name) {
+            continue;
+        }
+        match name::parse(&blob.name) {
+            Some(n) => names.push(n),
+            None => log::warn!(
+                "dead letters: {} is not in a documented dead-letter layout (<SUBSCRIPTION>/<yyyy>/<M>/<d>/<H>/<guid>.json or <namespace>/<topic>/<subscription>/…); left alone",
+                escaped(&blob.name)
+            ),
+        }
+    }
+    names.sort_by_key(|n| (n.hour, n.to_string()));
+    Ok(names)
+}
+
+/// Replay what the container holds (see the module documentation). Fails
+/// only when the container cannot be listed; every other failure leaves its
+/// blob for the next sweep and is counted `unresolved`.
+pub async fn sweep(
+    processor: &Processor,
+    container: &Container,
+    options: &SweepOptions,
+    progress: &dyn Progress,
+) -> Result<SweepSummary, BlobError> {
+    let started = Instant::now();
+    let past_deadline = || options.deadline.is_some_and(|d| started.elapsed() >= d);
+    let names = candidates(container, options.prefix.as_deref()).await?;
+    let limit = options.max_blobs.unwrap_or(usize::MAX).min(names.len());
+    progress.start(limit as u64);
+    let mut s = SweepSummary::default();
+    for (i, blob) in names.iter().enumerate() {
+        if i >= limit || past_deadline() {
+            s.not_reached = (names.len() - i) as u64;
+            break;
+        }
+        let name = blob.to_string();
+        let (events, note) = sweep_blob(processor, container, &name, &mut s, &past_deadline).await;
+        progress.blob_done(&name, events, &note);
+    }
+    progress.finish();
+    Ok(s)
+}
+
+/// One blob; (events it held, what became of it).
+async fn sweep_blob(
+    processor: &Processor,
+    container: &Container,
+    name: &str,
+    s: &mut SweepSummary,
+    past_deadline: &(dyn Fn() -> bool + Sync),
+) -> (u64, String) {
+    let shown = escaped(name).into_owned();
+    let leave = |s: &mut SweepSummary, why: String| {
+        log::warn!("dead letter {shown}: left in place: {why}");
+        s.unresolved += 1;
+        s.left.push(format!("{shown}: {why}"));
+        format!("left: {why}")
+    };
+    let bytes = match container.read(name).await {
+        Ok(Some(b)) => b,
+        Ok(None) => return (0, "gone (moved by another sweep)".into()),
+        Err(e) => {
+            s.blobs += 1;
+            return (0, leave(s, e.to_string()));
+        }
+    };
+    s.blobs += 1;
+    let events = match parse_blob(&bytes) {
+        Ok(events) => events,
+        Err(unreadable) => {
+            let reason = format!(
+                "dead-letter blob {name} holds no events: {unreadable}; the blob is kept as {UNREADABLE}{name}"
+            );
+            let rejection = Rejection {
+                kind: RejectionKind::Poison,
+                order_id: None,
+                event_id: None,
+                reason: reason.clone(),
+                fingerprint: None,
+                existing_fingerprint: None,
+                raw_event: String::from_utf8_lossy(&bytes).into_owned(),
+            };
+            let stored =
+                tokio::time::timeout(REJECT_TIMEOUT, processor.store().reject(&rejection)).await;
+            match stored {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return (0, leave(s, format!("unreadable, and not stored: {e}"))),
+                Err(_) => {
+                    return (
+                        0,
+                        leave(
+                            s,
+                            format!(
+                                "unreadable, and the store did not answer within {} s",
+                                REJECT_TIMEOUT.as_secs()
+                            ),
+                        ),
+                    )
+                }
+            }
+            log::warn!("dead letter {shown}: {}", escaped(&reason));
+            return match container.move_under(UNREADABLE, name, bytes).await {
+                Ok(moved) => {
+                    if moved == Moved::Now {
+                        s.unreadable += 1;
+                    }
+                    (0, format!("unreadable: moved under {UNREADABLE}"))
+                }
+                Err(e) => (0, leave(s, e.to_string())),
+            };
+        }
+    };
+    let count = events.len() as u64;
+    let mut pending = 0u64;
+    for (i, dl) in events.iter().enumerate() {
+        if past_deadline() {
+            pending += count - i as u64;
+            break;
+        }
+        let outcome = processor.process_event(&dl.event).await;
+        s.events += 1;
+        match outcome.outcome {
+            OutcomeKind::Executed => s.executed += 1,
+            OutcomeKind::Duplicate => s.duplicates += 1,
+            OutcomeKind::Conflict => s.conflicts += 1,
+            OutcomeKind::Rejected => s.rejected += 1,
+            OutcomeKind::Retry | OutcomeKind::InProgress => {
+                s.retries += 1;
+                pending += 1;
+            }
+        }
+        log_event(name, &outcome, &dl.metadata);
+    }
+    if pending > 0 {
+        return (
+            count,
+            leave(
+                s,
+                format!("{pending} of {count} events not finished (retry, in_progress or past the deadline)"),
+            ),
+        );
+    }
+    match container.move_under(REPLAYED, name, bytes).await {
+        Ok(Moved::Now) => {
+            s.moved += 1;
+            (count, format!("moved under {REPLAYED}"))
+        }
+        Ok(Moved::Already) => (count, "moved by another sweep meanwhile".into()),
+        Err(e) => (count, leave(s, e.to_string())),
+    }
+}
+
+/// The extra line of a replayed event: which blob, and why Event Grid gave up.
+fn log_event(blob: &str, outcome: &crate::processor::Outcome, m: &Metadata) {
+    let level = if outcome.outcome.needs_redelivery() {
+        log::Level::Warn
+    } else {
+        log::Level::Info
+    };
+    log::log!(
+        level,
+        "dead letter {} order {} event {}: {} (dead-lettered: {}, {} delivery attempts{})",
+        escaped(blob),
+        outcome
+            .order_id
+            .as_deref()
+            .map(escaped)
+            .unwrap_or("?".into()),
+        outcome
+            .event_id
+            .as_deref()
+            .map(escaped)
+            .unwrap_or("?".into()),
+        outcome.outcome.as_str(),
+        escaped(m.reason_or_unknown()),
+        m.attempts.map_or("?".to_string(), |a| a.to_string()),
+        m.last_outcome
+            .as_deref()
+            .map(|o| format!(", last outcome {}", escaped(o)))
+            .unwrap_or_default()
+    );
+}
+
+// ------------------------------------------------------------- dry run
+
+/// What `dead-letters list` found; nothing executed, stored or moved.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListSummary {
+    pub blobs: u64,
+    pub events: u64,
+    pub unreadable: u64,
+    pub by_reason: BTreeMap<String, u64>,
+    /// The outcome each event would get, judged from the store's rows
+    /// (read only): `executed`, `duplicate`, `conflict`, `rejected`, or
+    /// `unknown` when the store could not be read.
+    pub by_outcome: BTreeMap<&'static str, u64>,
+    /// Earliest and latest publish time (else the blob's hour), with the blob.
+    pub oldest: Option<(String, String)>,
+    pub newest: Option<(String, String)>,
+    oldest_at: Option<time::OffsetDateTime>,
+    newest_at: Option<time::OffsetDateTime>,
+}
+
+impl fmt::Display for ListSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "blobs={} events={} unreadable={}",
+            self.blobs, self.events, self.unreadable
+        )?;
+        writeln!(f, "by reason:")?;
+        for (reason, n) in &self.by_reason {
+            writeln!(f, "  {n:>8}  {}", escaped(reason))?;
+        }
+        writeln!(
+            f,
+            "by the outcome a replay would get (from the store's rows, read only; nothing executed):"
+        )?;
+        for (outcome, n) in &self.by_outcome {
+            writeln!(f, "  {n:>8}  {outcome}")?;
+        }
+        for (label, v) in [("oldest", &self.oldest), ("newest", &self.newest)] {
+            match v {
+                Some((when, blob)) => {
+                    writeln!(f, "{label}  {} ({})", escaped(when), escaped(blob))?
+                }
+                None => writeln!(f, "{label}  -")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The outcome a replay would give an order, from its row (pure): no row
+/// or a `Received` row executes, a terminal row with the same fingerprint
+/// is a duplicate, another fingerprint a conflict. (An order whose position
+/// would overflow shows as `executed`; the replay rejects it.)
+pub fn expected_outcome(order: &Order, row: Option<&OrderRecord>) -> OutcomeKind {
+    match row {
+        None => OutcomeKind::Executed,
+        Some(r) if r.current_fingerprint() != order.fingerprint() => OutcomeKind::Conflict,
+        Some(r) if !r.status.is_terminal() => OutcomeKind::Executed,
+        Some(_) => OutcomeKind::Duplicate,
+    }
+}
+
+/// The order of a dead-lettered event as the processor would read it, or
+/// why it would be rejected (pure).
+pub fn order_of(event: &Value, settings: &ProcessorSettings) -> Result<Order, String> {
+    let envelope = parse_envelope(event).map_err(|e| e.0)?;
+    check_type(&envelope.event_type, settings.event_types.as_deref()).map_err(|e| e.0)?;
+    Order::from_data_with(&envelope.data, settings.fractional_numbers).map_err(|e| e.to_string())
+}
+
+/// `dead-letters list`: counts by reason and by the outcome a replay would
+/// get, oldest and newest. Reads blobs and the store; changes nothing.
+pub async fn list(
+    container: &Container,
+    store: &dyn OrderStore,
+    settings: &ProcessorSettings,
+    options: &SweepOptions,
+) -> Result<ListSummary, BlobError> {
+    let started = Instant::now();
+    let names = candidates(container, options.prefix.as_deref()).await?;
+    let mut s = ListSummary::default();
+    for (i, blob) in names.iter().enumerate() {
+        if options.max_blobs.is_some_and(|m| i >= m)
+            || options.deadline.is_some_and(|d| started.elapsed() >= d)
+        {
+            break;
+        }
+        let name = blob.to_string();
+        let Some(bytes) = container.read(&name).await? else {
+            continue;
+        };
+        s.blobs += 1;
+        let events = match parse_blob(&bytes) {
+            Ok(events) => events,
+            Err(_) => {
+                s.unreadable += 1;
+                continue;
+            }
+        };
+        for dl in events {
+            s.events += 1;
+            *s.by_reason
+                .entry(dl.metadata.reason_or_unknown().to_string())
+                .or_default() += 1;
+            let outcome = match order_of(&dl.event, settings) {
+                Err(_) => OutcomeKind::Rejected.as_str(),
+                Ok(order) => match store.order(&order.order_id).await {
+                    Ok(row) => expected_outcome(&order, row.as_ref()).as_str(),
+                    Err(_) => "unknown",
+                },
+            };
+            *s.by_outcome.entry(outcome).or_default() += 1;
+            let when = dl
+                .metadata
+                .publish_time
+                .as_deref()
+                .and_then(|t| {
+                    time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                        .ok()
+                        .map(|at| (at, t.to_string()))
+                })
+                .or_else(|| {
+                    hour_of(blob).map(|at| (at, format!("{} (blob hour)", blob.hour_text())))
+                });
+            if let Some((at, text)) = when {
+                if s.oldest_at.is_none_or(|o| at < o) {
+                    s.oldest_at = Some(at);
+                    s.oldest = Some((text.clone(), name.clone()));
+                }
+                if s.newest_at.is_none_or(|n| at > n) {
+                    s.newest_at = Some(at);
+                    s.newest = Some((text, name.clone()));
+                }
+            }
+        }
+    }
+    Ok(s)
+}
+
+fn hour_of(blob: &BlobName) -> Option<time::OffsetDateTime> {
+    let (y, m, d, h) = blob.hour;
+    let month = time::Month::try_from(m).ok()?;
+    let date = time::Date::from_calendar_date(i32::from(y), month, d).ok()?;
+    Some(date.with_hms(h, 0, 0).ok()?.assume_utc())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn order(quantity: &str) -> Order {
+        Order::from_data(&json!({"orderId":"o1","side":"buy","symbol":"MSFT","quantity":quantity,"accountId":"a1"})).unwrap()
+    }
+
+    #[test]
+    fn the_summary_line() {
+        let s = SweepSummary {
+            blobs: 3,
+            events: 5,
+            executed: 1,
+            duplicates: 2,
+            conflicts: 1,
+            rejected: 1,
+            moved: 2,
+            unreadable: 1,
+            ..SweepSummary::default()
+        };
+        assert_eq!(
+            s.to_string(),
+            "blobs=3 events=5 executed=1 duplicates=2 conflicts=1 rejected=1 retries=0 unresolved=0 moved=2 unreadable=1"
+        );
+    }
+
+    #[test]
+    fn a_dry_run_judges_from_the_row() {
+        let o = order("2");
+        assert_eq!(expected_outcome(&o, None), OutcomeKind::Executed);
+        let row = |fp: &str, status| OrderRecord {
+            order_id: "o1".into(),
+            fingerprint: fp.into(),
+            account_id: "a1".into(),
+            side: "buy".into(),
+            symbol: "MSFT".into(),
+            quantity: rust_decimal::Decimal::from(2),
+            limit_price: None,
+            currency: None,
+            status,
+            attempts: 1,
+            received_at: "t".into(),
+            executed_at: None,
+            placed_at: None,
+        };
+        use crate::order::OrderStatus;
+        let same = o.fingerprint().to_string();
+        assert_eq!(
+            expected_outcome(&o, Some(&row(&same, OrderStatus::Executed))),
+            OutcomeKind::Duplicate
+        );
+        assert_eq!(
+            expected_outcome(&o, Some(&row(&same, OrderStatus::Received))),
+            OutcomeKind::Executed
+        );
+        let other = order("3").fingerprint().to_string();
+        assert_eq!(
+            expected_outcome(&o, Some(&row(&other, OrderStatus::Executed))),
+            OutcomeKind::Conflict
+        );
+    }
+
+    #[test]
+    fn a_dry_run_sees_poison() {
+        let settings = ProcessorSettings::default();
+        assert!(order_of(&json!({"id":"e"}), &settings).is_err());
+        let ok = json!({"id":"e","eventType":"T","data":{"orderId":"o1","side":"buy","symbol":"MSFT","quantity":1,"accountId":"a1"}});
+        assert_eq!(order_of(&ok, &settings).unwrap().order_id, "o1");
+    }
+}

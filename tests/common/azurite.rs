@@ -1,0 +1,188 @@
+//! A real Azurite (Microsoft's Blob Storage emulator) owned by one test, on
+//! a free loopback port, in memory, with telemetry off (by default Azurite
+//! reports usage to a host on the internet). Installed into `.tools/` by
+//! `scripts/ensure-azurite.sh`; a test that needs it fails, never skips,
+//! when it is missing or does not start.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use order_guard::deadletter::storage::{DeadLetterSettings, EMULATOR_ACCOUNT, EMULATOR_KEY};
+use order_guard::deadletter::Container;
+use sha2::{Digest, Sha256};
+
+pub struct Azurite {
+    pub port: u16,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Azurite {
+    pub fn start() -> Azurite {
+        let bin = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(".tools/node_modules/.bin/azurite-blob");
+        assert!(
+            bin.exists(),
+            "Azurite is missing ({}): these tests need a real Blob Storage API. Run scripts/ensure-azurite.sh (scripts/test.sh does), which installs the npm package azurite into .tools/",
+            bin.display()
+        );
+        let port = super::free_port();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut child = Command::new(&bin)
+            .args([
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                &port.to_string(),
+                "--disableTelemetry",
+                "--skipApiVersionCheck",
+                "--silent",
+                "--inMemoryPersistence",
+                "--extentMemoryLimit",
+                "256",
+            ])
+            .current_dir(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start Azurite ({}): {e}", bin.display()));
+        // Its start-up lines, until it says it listens (bounded by the
+        // process: a failed start closes stdout).
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let ready = line.contains("successfully listens");
+                let _ = tx.send(line);
+                if ready {
+                    break;
+                }
+            }
+        });
+        let mut seen = Vec::new();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) if line.contains("successfully listens") => break,
+                Ok(line) => seen.push(line),
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("Azurite did not start on 127.0.0.1:{port}; it said: {seen:?}");
+                }
+            }
+        }
+        Azurite {
+            port,
+            child: Some(child),
+            _dir: dir,
+        }
+    }
+
+    /// Azurite's blob endpoint (path-style).
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}/{EMULATOR_ACCOUNT}", self.port)
+    }
+
+    /// The connection string of this Azurite, as `DEAD_LETTER_STORAGE` takes it.
+    pub fn connection_string(&self) -> String {
+        format!(
+            "DefaultEndpointsProtocol=http;AccountName={EMULATOR_ACCOUNT};AccountKey={EMULATOR_KEY};BlobEndpoint={}/;",
+            self.endpoint()
+        )
+    }
+
+    /// The sweep's settings for `container` here.
+    pub fn settings(&self, container: &str) -> DeadLetterSettings {
+        DeadLetterSettings {
+            storage: order_guard::deadletter::storage::parse_storage(&self.connection_string())
+                .unwrap(),
+            container: container.to_string(),
+        }
+    }
+
+    /// Create `name` (object_store makes no containers) and open it.
+    pub async fn container(&self, name: &str) -> Container {
+        self.create_container(name).await;
+        Container::open(&self.settings(name)).unwrap()
+    }
+
+    /// `PUT ?restype=container`, signed with the emulator's shared key.
+    pub async fn create_container(&self, name: &str) {
+        let date = httpdate(std::time::SystemTime::now());
+        let version = "2021-08-06";
+        let resource = format!("/{EMULATOR_ACCOUNT}/{EMULATOR_ACCOUNT}/{name}\nrestype:container");
+        let to_sign = format!(
+            "PUT\n\n\n\n\n\n\n\n\n\n\n\nx-ms-date:{date}\nx-ms-version:{version}\n{resource}"
+        );
+        use base64::Engine;
+        let key = base64::engine::general_purpose::STANDARD
+            .decode(EMULATOR_KEY)
+            .unwrap();
+        let signature =
+            base64::engine::general_purpose::STANDARD.encode(hmac_sha256(&key, to_sign.as_bytes()));
+        let request = hyper::Request::builder()
+            .method("PUT")
+            .uri(format!("{}/{name}?restype=container", self.endpoint()))
+            .header("x-ms-date", &date)
+            .header("x-ms-version", version)
+            .header("content-length", "0")
+            .header(
+                "authorization",
+                format!("SharedKey {EMULATOR_ACCOUNT}:{signature}"),
+            )
+            .body(hyper::Body::empty())
+            .unwrap();
+        let response = hyper::Client::new()
+            .request(request)
+            .await
+            .expect("Azurite answers");
+        let status = response.status();
+        let body = hyper::body::to_bytes(response.into_body()).await.unwrap();
+        assert!(
+            status.as_u16() == 201 || status.as_u16() == 409,
+            "create container {name}: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+}
+
+impl Drop for Azurite {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn hmac_sha256(key: &[u8], message: &[u8]) -> Vec<u8> {
+    let mut k = [0u8; 64];
+    if key.len() > 64 {
+        k[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        k[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| k.iter().map(|b| b ^ byte).collect::<Vec<u8>>();
+    let mut inner = Sha256::new();
+    inner.update(pad(0x36));
+    inner.update(message);
+    let mut outer = Sha256::new();
+    outer.update(pad(0x5c));
+    outer.update(inner.finalize());
+    outer.finalize().to_vec()
+}
+
+/// RFC 1123 date, as `x-ms-date` wants it.
+fn httpdate(t: std::time::SystemTime) -> String {
+    let now = time::OffsetDateTime::from(t);
+    format!(
+        "{}, {:02} {} {} {:02}:{:02}:{:02} GMT",
+        &now.weekday().to_string()[..3],
+        now.day(),
+        &now.month().to_string()[..3],
+        now.year(),
+        now.hour(),
+        now.minute(),
+        now.second()
+    )
+}
