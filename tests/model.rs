@@ -687,11 +687,12 @@ fn stuck_state(model: &ProtocolModel) -> Option<String> {
     let mut calm_edges: Vec<Vec<usize>> = Vec::new();
     let mut queue = VecDeque::new();
     for s in model.init_states() {
-        index.insert(s.clone(), 0);
+        let i = states.len();
+        index.insert(s.clone(), i);
         states.push(s);
         parent.push(None);
         calm_edges.push(Vec::new());
-        queue.push_back(0);
+        queue.push_back(i);
     }
     let mut actions = Vec::new();
     while let Some(i) = queue.pop_front() {

@@ -1,0 +1,102 @@
+//! A TCP proxy of the tests' own between a client and a server on loopback:
+//! it counts request/response turns (a turn begins each time the client
+//! sends after the server has answered, whatever the protocol, TLS
+//! included) and can hold every chunk for a one-way delay, to stand for the
+//! network between a Function and its Azure SQL database.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+pub struct TurnProxy {
+    pub port: u16,
+    turns: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TurnProxy {
+    /// Listen on a free loopback port and forward every connection to
+    /// `upstream`, each chunk held for `one_way` in each direction.
+    pub async fn start(upstream: SocketAddr, one_way: Duration) -> TurnProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let turns = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&turns);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                tokio::spawn(relay(client, server, Arc::clone(&counted), one_way));
+            }
+        });
+        TurnProxy { port, turns, task }
+    }
+
+    /// Turns so far, over every connection.
+    pub fn turns(&self) -> u64 {
+        self.turns.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for TurnProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copy both ways until either side closes. `answered` is true once the
+/// server has sent since the client last did: the client's next bytes open
+/// a new turn.
+async fn relay(client: TcpStream, server: TcpStream, turns: Arc<AtomicU64>, one_way: Duration) {
+    let answered = Arc::new(AtomicBool::new(true));
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let up = {
+        let answered = Arc::clone(&answered);
+        async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match cr.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if answered.swap(false, Ordering::SeqCst) {
+                    turns.fetch_add(1, Ordering::SeqCst);
+                }
+                if !one_way.is_zero() {
+                    tokio::time::sleep(one_way).await;
+                }
+                if sw.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            let _ = sw.shutdown().await;
+        }
+    };
+    let down = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match sr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if !one_way.is_zero() {
+                tokio::time::sleep(one_way).await;
+            }
+            // Before the client can read it, so its next bytes see it.
+            answered.store(true, Ordering::SeqCst);
+            if cw.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = cw.shutdown().await;
+    };
+    tokio::join!(up, down);
+}

@@ -1,0 +1,117 @@
+//! Issue 23: what each kind of delivery costs the SQL Server store in round
+//! trips, counted on the wire by a TCP proxy between the store and the
+//! server (`common::proxy`: protocol-agnostic, TLS included). A first
+//! delivery is one round trip, and so are a duplicate that reaches the
+//! store, a conflict (stored by the same call) and a poison event.
+//!
+//! Runs when `ORDER_GUARD_TEST_MSSQL` names a server (`scripts/test.sh`
+//! starts the T-SQL engine and sets it); says so and runs nothing otherwise.
+
+mod common;
+
+use std::net::ToSocketAddrs;
+use std::time::Duration;
+
+use common::proxy::TurnProxy;
+use common::unique_id;
+use order_guard::order::Order;
+use order_guard::store::{Execution, OrderStore, Rejection, RejectionKind};
+use serde_json::json;
+
+fn order(id: &str, account: &str, quantity: &str) -> Order {
+    Order::from_data(&json!({
+        "orderId": id, "accountId": account, "side": "buy", "symbol": "MSFT",
+        "quantity": quantity
+    }))
+    .unwrap()
+}
+
+/// The server's address in an ADO.NET string (`Server=tcp:host,port`).
+fn server_of(cs: &str) -> std::net::SocketAddr {
+    let server = cs
+        .split(';')
+        .find_map(|p| {
+            let (k, v) = p.split_once('=')?;
+            matches!(
+                k.trim().to_ascii_lowercase().as_str(),
+                "server" | "data source"
+            )
+            .then(|| v.trim().trim_start_matches("tcp:").replace(',', ":"))
+        })
+        .expect("a Server= in ORDER_GUARD_TEST_MSSQL");
+    server
+        .to_socket_addrs()
+        .unwrap()
+        .next()
+        .expect("the server resolves")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_delivery_costs_the_sql_server_store_one_round_trip() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let proxy = TurnProxy::start(server_of(&cs), Duration::ZERO).await;
+    let through = common::ado_without(
+        &cs,
+        &["server", "data source"],
+        &format!("Server=tcp:127.0.0.1,{}", proxy.port),
+    );
+    // Migrated and connected (login, session settings, the procedure
+    // warmed): the turns from here on are the calls'.
+    let store = common::mssql_store(&through, Duration::from_secs(20)).await;
+    store.identity().await.unwrap();
+    let cost = |before: u64| proxy.turns() - before;
+
+    let account = unique_id("acct");
+    let id = unique_id("ord");
+    let o = order(&id, &account, "3");
+    let before = proxy.turns();
+    assert_eq!(
+        store.execute(&o, "e1", "{}").await.unwrap(),
+        Execution::Executed
+    );
+    assert_eq!(cost(before), 1, "a first delivery");
+
+    let before = proxy.turns();
+    assert_eq!(
+        store.execute(&o, "e1", "{}").await.unwrap(),
+        Execution::AlreadyDone
+    );
+    assert_eq!(cost(before), 1, "a duplicate that reaches the store");
+
+    let before = proxy.turns();
+    let other = order(&id, &account, "4");
+    // A rejection is keyed by its raw event: one of this order's own.
+    let raw = json!({"id": "e2", "data": {"orderId": id, "quantity": "4"}}).to_string();
+    assert!(matches!(
+        store.execute(&other, "e2", &raw).await.unwrap(),
+        Execution::Conflict { .. }
+    ));
+    assert_eq!(cost(before), 1, "a conflict, stored by the same call");
+    assert_eq!(store.rejections(Some(&id)).await.unwrap().len(), 1);
+
+    let poison = Rejection {
+        kind: RejectionKind::Poison,
+        order_id: Some(unique_id("bad")),
+        event_id: Some("e3".into()),
+        reason: "invalid order: quantity is required".into(),
+        fingerprint: None,
+        existing_fingerprint: None,
+        raw_event: json!({"id": unique_id("e3")}).to_string(),
+    };
+    for delivery in ["a poison event", "its redelivery"] {
+        let before = proxy.turns();
+        store.reject(&poison).await.unwrap();
+        assert_eq!(cost(before), 1, "{delivery}");
+    }
+
+    // A first trade of a new account (its position row made in the call).
+    let before = proxy.turns();
+    let fresh = order(&unique_id("ord"), &unique_id("acct"), "1");
+    assert_eq!(
+        store.execute(&fresh, "e4", "{}").await.unwrap(),
+        Execution::Executed
+    );
+    assert_eq!(cost(before), 1, "a first trade");
+}
