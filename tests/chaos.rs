@@ -1490,15 +1490,22 @@ async fn read_sqlserver(cs: &str) -> Tables {
         })
         .collect();
     let positions = client
-        .simple_query("SELECT AccountId, Symbol, CAST(Quantity AS NVARCHAR(60)) FROM dbo.Positions")
+        .simple_query("SELECT AccountId, Symbol, CAST(Units AS NVARCHAR(60)) FROM dbo.Positions")
         .await
         .expect("audit: Positions")
         .into_first_result()
         .await
         .expect("audit: Positions");
+    // Units of 10^-10 (schema version 3): the same value as a decimal.
     t.positions = positions
         .iter()
-        .map(|r| ((text(r, 0), text(r, 1)), dec(&text(r, 2))))
+        .map(|r| {
+            let units = dec(&text(r, 2));
+            (
+                (text(r, 0), text(r, 1)),
+                units / Decimal::from(10_000_000_000_i64),
+            )
+        })
         .collect();
     let rejected = client
         .simple_query(

@@ -178,8 +178,17 @@ impl SqliteStore {
             ))
         })?;
         conn.busy_timeout(busy_timeout).map_err(classify)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
+        // Set only when not WAL yet: asking to change the journal mode
+        // takes a lock and, under another process's write lock, fails at
+        // once ("database is locked") without waiting for the busy timeout:
+        // a handler starting during another's long write must not exit.
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
             .map_err(classify)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            conn.pragma_update(None, "journal_mode", "WAL")
+                .map_err(classify)?;
+        }
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(classify)?;
         let place = place_of(path);

@@ -1,0 +1,281 @@
+//! What the one-call store protocol costs on the wire (issue 23), printed as
+//! figures: round trips per first delivery and per duplicate, counted by a
+//! TCP proxy between the SQL Server store and the server (the tests' own,
+//! `tests/common/proxy.rs`), the cost of 1 ms added each way, concurrency on
+//! distinct accounts and on one hot account, and SQLite's first deliveries
+//! through the processor.
+//!
+//! ```sh
+//! ORDER_GUARD_TEST_MSSQL="$(scripts/tsql-engine.sh start og_latency)" \
+//!   cargo run --release --example store_latency -- [ORDERS]
+//! ```
+//!
+//! Without `ORDER_GUARD_TEST_MSSQL` only the SQLite figures are printed (and
+//! it says so). A phase that fails, or measures nothing, fails the run.
+
+#[path = "../tests/common/proxy.rs"]
+mod proxy;
+
+use std::net::ToSocketAddrs;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use order_guard::guard::{GuardSettings, MemoryGuard};
+use order_guard::order::Order;
+use order_guard::processor::{OutcomeKind, Processor, ProcessorSettings};
+use order_guard::store::sqlserver::SqlServerSettings;
+use order_guard::store::{Execution, OrderStore, SqlServerStore, SqliteStore};
+use proxy::TurnProxy;
+use serde_json::json;
+
+fn order(id: &str, account: &str) -> Order {
+    Order::from_data(&json!({
+        "orderId": id, "accountId": account, "side": "buy", "symbol": "MSFT", "quantity": "1"
+    }))
+    .expect("a valid order")
+}
+
+fn unique(tag: &str) -> String {
+    format!("{tag}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// `cs` with its server replaced by `127.0.0.1:port`.
+fn via(cs: &str, port: u16) -> String {
+    let mut parts: Vec<&str> = cs
+        .split(';')
+        .filter(|p| {
+            let key = p
+                .split('=')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            !p.trim().is_empty() && key != "server" && key != "data source"
+        })
+        .collect();
+    let server = format!("Server=tcp:127.0.0.1,{port}");
+    parts.push(&server);
+    parts.join(";")
+}
+
+fn server_of(cs: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let server = cs
+        .split(';')
+        .find_map(|p| {
+            let (k, v) = p.split_once('=')?;
+            matches!(
+                k.trim().to_ascii_lowercase().as_str(),
+                "server" | "data source"
+            )
+            .then(|| v.trim().trim_start_matches("tcp:").replace(',', ":"))
+        })
+        .context("no Server= in ORDER_GUARD_TEST_MSSQL")?;
+    server
+        .to_socket_addrs()?
+        .next()
+        .context("the server does not resolve")
+}
+
+async fn sql_store(cs: &str, pool: u32) -> anyhow::Result<Arc<SqlServerStore>> {
+    let store = SqlServerStore::connect(
+        cs,
+        &SqlServerSettings {
+            connect_timeout: Duration::from_secs(30),
+            query_timeout: Duration::from_secs(30),
+            pool_size: pool,
+        },
+    )?;
+    store.migrate().await?;
+    Ok(Arc::new(store))
+}
+
+/// Execute `orders` at `concurrency`, each expected `want`; the rate.
+async fn run(
+    store: &Arc<SqlServerStore>,
+    orders: Vec<Order>,
+    concurrency: usize,
+    want: fn(&Execution) -> bool,
+) -> anyhow::Result<(f64, Duration)> {
+    let n = orders.len();
+    let queue = Arc::new(std::sync::Mutex::new(orders));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (store, queue) = (Arc::clone(store), Arc::clone(&queue));
+            tokio::spawn(async move {
+                loop {
+                    let Some(o) = queue.lock().unwrap().pop() else {
+                        return Ok::<_, anyhow::Error>(());
+                    };
+                    let e = store.execute(&o, "e", "{}").await?;
+                    if !want(&e) {
+                        bail!("{}: unexpected {e:?}", o.order_id);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await??;
+    }
+    let took = started.elapsed();
+    if n == 0 {
+        bail!("no orders measured");
+    }
+    Ok((n as f64 / took.as_secs_f64(), took / n as u32))
+}
+
+fn executed(e: &Execution) -> bool {
+    matches!(e, Execution::Executed)
+}
+
+fn duplicate(e: &Execution) -> bool {
+    matches!(e, Execution::AlreadyDone)
+}
+
+async fn sql_server(cs: &str, n: usize) -> anyhow::Result<()> {
+    let upstream = server_of(cs)?;
+    let direct = sql_store(cs, 32).await?;
+    let counted = TurnProxy::start(upstream, Duration::ZERO).await;
+    let through = sql_store(&via(cs, counted.port), 32).await?;
+    let slow_proxy = TurnProxy::start(upstream, Duration::from_millis(1)).await;
+    let slow = sql_store(&via(cs, slow_proxy.port), 32).await?;
+    // Warm each pool's first connection (login, the procedure warmed).
+    for s in [&direct, &through, &slow] {
+        s.execute(&order(&unique("warm"), &unique("acct")), "e", "{}")
+            .await?;
+    }
+
+    let fresh = |n: usize| -> Vec<Order> {
+        (0..n)
+            .map(|_| order(&unique("ord"), &unique("acct")))
+            .collect()
+    };
+    // Round trips, counted on the wire.
+    let firsts = fresh(n);
+    let before = counted.turns();
+    run(&through, firsts.clone(), 1, executed).await?;
+    let per_first = (counted.turns() - before) as f64 / n as f64;
+    let before = counted.turns();
+    run(&through, firsts, 1, duplicate).await?;
+    let per_duplicate = (counted.turns() - before) as f64 / n as f64;
+    println!(
+        "sqlserver round trips per first delivery: {per_first:.2} (target 1: {})",
+        met(per_first <= 1.0)
+    );
+    println!(
+        "sqlserver round trips per duplicate reaching the store: {per_duplicate:.2} (target 1: {})",
+        met(per_duplicate <= 1.0)
+    );
+
+    // Latency at c=1: directly, and with 1 ms added each way.
+    let (_, d_direct) = run(&direct, fresh(n), 1, executed).await?;
+    let (_, d_slow) = run(&slow, fresh(n), 1, executed).await?;
+    let added = d_slow.saturating_sub(d_direct);
+    println!(
+        "sqlserver first delivery c=1: {:.2} ms direct, {:.2} ms with 1 ms each way: +{:.2} ms (target at most +3.5 ms: {})",
+        ms(d_direct),
+        ms(d_slow),
+        ms(added),
+        met(added <= Duration::from_micros(3500))
+    );
+
+    // Concurrency on distinct accounts, directly.
+    let (r1, p1) = run(&direct, fresh(n), 1, executed).await?;
+    let (r32, p32) = run(&direct, fresh(n * 2), 32, executed).await?;
+    println!(
+        "sqlserver first delivery: c=1 {r1:.0} orders/s ({:.2} ms each), c=32 {r32:.0} orders/s ({:.2} ms each); c=32 / c=1 = {:.2} (target at least 1: {})",
+        ms(p1),
+        ms(p32),
+        r32 / r1,
+        met(r32 >= r1)
+    );
+
+    // One hot account (every order on one account and symbol), 1 ms each way.
+    let hot = unique("hot");
+    let hot_orders =
+        |n: usize| -> Vec<Order> { (0..n).map(|_| order(&unique("ord"), &hot)).collect() };
+    let (h1, _) = run(&slow, hot_orders(n), 1, executed).await?;
+    let (h32, _) = run(&slow, hot_orders(n * 2), 32, executed).await?;
+    println!(
+        "sqlserver hot account with 1 ms each way: c=1 {h1:.0} orders/s, c=32 {h32:.0} orders/s"
+    );
+    Ok(())
+}
+
+async fn sqlite(n: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(SqliteStore::open(
+        &dir.path().join("orders.db"),
+        Duration::from_secs(5),
+    )?);
+    store.migrate().await?;
+    let guard = Arc::new(MemoryGuard::new(GuardSettings::default()));
+    let processor = Arc::new(Processor::new(guard, store, ProcessorSettings::default()));
+    for concurrency in [1usize, 32] {
+        let events: Vec<_> = (0..n * concurrency.min(4))
+            .map(|_| {
+                json!({"id": unique("e"), "eventType": "T", "subject": "s",
+                       "eventTime": "2025-06-14T09:30:02Z", "dataVersion": "1",
+                       "data": {"orderId": unique("ord"), "accountId": unique("acct"),
+                                "side": "buy", "symbol": "MSFT", "quantity": "1"}})
+            })
+            .collect();
+        let total = events.len();
+        let queue = Arc::new(std::sync::Mutex::new(events));
+        let started = Instant::now();
+        let workers: Vec<_> = (0..concurrency)
+            .map(|_| {
+                let (p, queue) = (Arc::clone(&processor), Arc::clone(&queue));
+                tokio::spawn(async move {
+                    loop {
+                        let Some(e) = queue.lock().unwrap().pop() else {
+                            return Ok::<_, anyhow::Error>(());
+                        };
+                        let o = p.process_event(&e).await;
+                        if o.outcome != OutcomeKind::Executed {
+                            bail!("unexpected {o:?}");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.await??;
+        }
+        let rate = total as f64 / started.elapsed().as_secs_f64();
+        println!("sqlite first delivery through the processor (memory guard), c={concurrency}: {rate:.0} events/s");
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("error"))
+        .try_init();
+    order_guard::app::init_tls();
+    let n: usize = std::env::args()
+        .nth(1)
+        .map(|a| a.parse().context("ORDERS must be a number"))
+        .transpose()?
+        .unwrap_or(200);
+    sqlite(n).await?;
+    match std::env::var("ORDER_GUARD_TEST_MSSQL") {
+        Ok(cs) if !cs.trim().is_empty() => sql_server(&cs, n).await?,
+        _ => println!("SQL Server figures NOT MEASURED: set ORDER_GUARD_TEST_MSSQL (scripts/tsql-engine.sh start NAME prints one)"),
+    }
+    Ok(())
+}
