@@ -89,11 +89,12 @@ async fn the_package_starts_as_the_host_starts_it_and_guards_orders() {
     assert_eq!(
         names,
         BTreeSet::from([
+            "DeadLetterSweep/function.json".to_string(),
             "OrderTrigger/function.json".to_string(),
             "host.json".to_string(),
             "order-guard".to_string(),
         ]),
-        "the app root must hold host.json, OrderTrigger/function.json and the binary, nothing else"
+        "the app root must hold host.json, the two functions' function.json and the binary, nothing else"
     );
 
     // The executable and its arguments, as the host reads them.

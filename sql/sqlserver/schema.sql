@@ -3,7 +3,9 @@
 -- Applied by `order-guard migrate` (and at `serve` start) inside one
 -- transaction that first takes an exclusive application lock
 -- (sp_getapplock), so two processes migrating at once run one after the
--- other. Every batch checks before it creates, so running it twice is a no-op.
+-- other, and checks the version again under the lock. Every batch checks
+-- before it creates (the execution procedure, made by `migrate` after these
+-- batches, is dropped and created), so running it twice changes nothing.
 -- Batches are separated by lines holding only GO; each is sent on its own.
 --
 -- Portable T-SQL only (docs/protocol.md 7.4): no MERGE, no CREATE OR ALTER,

@@ -281,8 +281,9 @@ fn run_group(conn: &mut Connection, group: Vec<Job>, pressure: &PressureCounters
     while let Some(job) = jobs.next() {
         // Asked again now that the group holds the write lock (taking it may
         // have waited out another process): a caller that stopped waiting
-        // meanwhile was answered `retry`, so its call must not take effect
-        // behind its back; its redelivery will do the work.
+        // meanwhile was answered `retry`, and its redelivery will do the
+        // work. Best effort (a caller may give up just after this check):
+        // correctness never depends on it, a late effect is harmless.
         if job.abandoned() {
             pressure.skipped.fetch_add(1, Ordering::Relaxed);
             continue;

@@ -103,9 +103,18 @@ fn the_execution_batch_adds_positions_without_rounding_by_sql_servers_rules() {
     // The only sum written, and the bound checked by comparison before it.
     assert_eq!(exec.matches(" + @Change").count(), 1);
     assert!(exec.contains("SET Units = @Current + @Change"));
+    // Each bound on its side's branch only: `@Max - @Change` for a sell, or
+    // `-@Max - @Change` for a buy, would need 39 digits (8115), and T-SQL
+    // does not promise to evaluate `AND` / `OR` left to right.
     assert!(exec.contains(
-        "IF (@Change > 0 AND @Current > @Max - @Change) OR (@Change < 0 AND @Current < -@Max - @Change)"
+        "IF @Change > 0
+            BEGIN
+                IF @Current > @Max - @Change SET @Over = 1;
+            END
+            ELSE IF @Current < -@Max - @Change SET @Over = 1;"
     ));
+    assert!(!exec.contains(" AND @Current"), "a bound behind AND");
+    assert!(exec.contains("SET TRANSACTION ISOLATION LEVEL READ COMMITTED;"));
     // @Max is DECIMAL(38,10)'s bound in units: 10^28 - 10^-10.
     assert_eq!(
         "99999999999999999999999999999999999999"

@@ -541,6 +541,18 @@ async fn migrate_on(client: &mut Client) -> Result<(), SqlError> {
     }
     run(client, sql::BEGIN).await?;
     run(client, sql::LOCK_SCHEMA).await?;
+    // Another process may have migrated while this one waited for the lock
+    // (under RCSI the first check could not see its uncommitted row): do
+    // nothing then, rather than drop and create the procedure it serves with.
+    let migrated = client
+        .query(sql::SCHEMA_IS_CURRENT, &[&sql::SCHEMA_VERSION])
+        .await?
+        .into_row()
+        .await?
+        .and_then(|r| r.get::<i32, _>(0));
+    if migrated.unwrap_or(0) > 0 {
+        return end_transaction(client, sql::COMMIT_AND_COUNT).await;
+    }
     for batch in sql::schema_batches() {
         run(client, &batch).await?;
     }

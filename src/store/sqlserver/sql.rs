@@ -19,6 +19,14 @@
 //! `NULLIF(@Pn, N'')` for text (every optional text we store is non-empty
 //! when present), `NULLIF(@Pn, 0)` for the limit price (always > 0).
 
+/// The procedure's name as a literal, so the statements naming it are
+/// built from it (`concat!`) and cannot drift apart when it is renamed.
+macro_rules! execute_procedure {
+    () => {
+        "dbo.OrderGuard_Execute_v1"
+    };
+}
+
 use std::borrow::Cow;
 
 /// The schema, idempotent, batches separated by lines holding only `GO`.
@@ -63,7 +71,7 @@ pub fn schema_batches() -> Vec<Cow<'static, str>> {
 /// it at once starved the engine; see docs/benchmarks.md). Versioned by
 /// name: a later body is a new procedure, so instances of this version keep
 /// theirs during a rolling upgrade.
-pub const EXECUTE_PROCEDURE: &str = "dbo.OrderGuard_Execute_v1";
+pub const EXECUTE_PROCEDURE: &str = execute_procedure!();
 
 /// The procedure's parameters: the body's `@P1`…`@P20`, typed as the
 /// columns they are written to.
@@ -96,13 +104,21 @@ pub fn execute_procedure_batches() -> [String; 2] {
 /// SQL Server compiles it once for all sessions and answers this in a
 /// round trip.
 /// Skipped on a database `migrate` has not made it in yet.
-pub const WARM_EXECUTE: &str = "IF OBJECT_ID(N'dbo.OrderGuard_Execute_v1', N'P') IS NOT NULL \
-     EXEC dbo.OrderGuard_Execute_v1 N'', N'', N'', N'', N'', N'', \
-     0, 0, N'', N'', 0, N'', N'', N'', 0, N'', N'', N'', N'', 0";
+pub const WARM_EXECUTE: &str = concat!(
+    "IF OBJECT_ID(N'",
+    execute_procedure!(),
+    "', N'P') IS NOT NULL EXEC ",
+    execute_procedure!(),
+    " N'', N'', N'', N'', N'', N'', 0, 0, N'', N'', 0, N'', N'', N'', 0, N'', N'', N'', N'', 0"
+);
 
 /// What `execute` sends: one call of [`EXECUTE_PROCEDURE`], one round trip.
-pub const EXECUTE_ORDER: &str = "EXEC dbo.OrderGuard_Execute_v1 @P1, @P2, @P3, @P4, @P5, @P6, \
-     @P7, @P8, @P9, @P10, @P11, @P12, @P13, @P14, @P15, @P16, @P17, @P18, @P19, @P20";
+pub const EXECUTE_ORDER: &str = concat!(
+    "EXEC ",
+    execute_procedure!(),
+    " @P1, @P2, @P3, @P4, @P5, @P6, @P7, @P8, @P9, @P10, @P11, @P12, @P13, @P14, @P15, \
+     @P16, @P17, @P18, @P19, @P20"
+);
 
 /// Serializes `migrate` across processes: an exclusive application lock owned
 /// by the migration's transaction, released by its COMMIT or ROLLBACK. It
@@ -176,10 +192,14 @@ pub const SELECT_ORDER: &str = "SELECT OrderId, Fingerprint, AccountId, Side, Sy
 /// - the position is in integer units (`Units DECIMAL(38,0)`): `@Current +
 ///   @Change` keeps scale 0 (SQL Server's rule for `+`: scale max(s1, s2),
 ///   precision capped at 38 by lowering the scale, and there is none to
-///   lower), and the bound is checked by comparison before it (`@Current >
-///   @Max - @Change` cannot overflow: `@Max - @Change` stays within ±@Max),
+///   lower), and the bound is checked by comparison before it, on the
+///   side's branch only (`@Current > @Max - @Change` for a buy, `@Current <
+///   -@Max - @Change` for a sell: each stays within ±@Max there, the other
+///   would not, and T-SQL does not promise to evaluate `AND` left to right),
 ///   because an overflow error cannot be relied on (Babelfish does not catch
 ///   8115 in TRY…CATCH);
+/// - READ COMMITTED whatever the session says: the first read must never
+///   see an uncommitted row;
 /// - locks: the order row (insert or claim), then the position row (an
 ///   UPDATE that changes only `UpdatedAt`: Babelfish ignores lock hints), in
 ///   that order in every transaction, so two never wait for each other in a
@@ -206,6 +226,7 @@ pub const SELECT_ORDER: &str = "SELECT OrderId, Fingerprint, AccountId, Side, Sy
 /// P18 and P19 the conflict reason around the existing fingerprint's first
 /// P20 characters.
 pub const EXECUTE_ORDER_BODY: &str = "SET NOCOUNT ON;
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 IF @P1 = N''
 BEGIN
     SELECT N'ready' AS Result, @@TRANCOUNT AS OpenTransactions;
@@ -213,7 +234,7 @@ BEGIN
 END;
 DECLARE @Result NVARCHAR(16) = NULL, @Status NVARCHAR(16) = NULL, @Fingerprint NVARCHAR(128) = NULL;
 DECLARE @Current DECIMAL(38, 0) = NULL, @Change DECIMAL(38, 0) = CONVERT(DECIMAL(38, 0), @P11);
-DECLARE @Max DECIMAL(38, 0) = 99999999999999999999999999999999999999;
+DECLARE @Max DECIMAL(38, 0) = 99999999999999999999999999999999999999, @Over BIT = 0;
 SELECT @Status = Status, @Fingerprint = Fingerprint FROM dbo.Orders WHERE OrderId = @P1;
 IF @Status IS NOT NULL AND @Fingerprint <> @P2 AND @Fingerprint <> @P12
 BEGIN
@@ -262,7 +283,12 @@ BEGIN
                 INSERT INTO dbo.Positions (AccountId, Symbol, Units, UpdatedAt)
                 VALUES (@P4, @P6, 0, SYSUTCDATETIME());
             SELECT @Current = Units FROM dbo.Positions WHERE AccountId = @P4 AND Symbol = @P6;
-            IF (@Change > 0 AND @Current > @Max - @Change) OR (@Change < 0 AND @Current < -@Max - @Change)
+            IF @Change > 0
+            BEGIN
+                IF @Current > @Max - @Change SET @Over = 1;
+            END
+            ELSE IF @Current < -@Max - @Change SET @Over = 1;
+            IF @Over = 1
             BEGIN
                 IF @P14 = N'' OR @Current <> CONVERT(DECIMAL(38, 0), @P15)
                     SET @Result = N'overflow';
