@@ -53,50 +53,63 @@ impl Drop for TurnProxy {
 
 /// Copy both ways until either side closes. `answered` is true once the
 /// server has sent since the client last did: the client's next bytes open
-/// a new turn.
+/// a new turn. Each direction is a delay line: a chunk is read as soon as
+/// it arrives and written `one_way` after its arrival, so consecutive
+/// chunks of one message are not delayed one after the other.
 async fn relay(client: TcpStream, server: TcpStream, turns: Arc<AtomicU64>, one_way: Duration) {
     let answered = Arc::new(AtomicBool::new(true));
-    let (mut cr, mut cw) = client.into_split();
-    let (mut sr, mut sw) = server.into_split();
+    let (cr, cw) = client.into_split();
+    let (sr, sw) = server.into_split();
     let up = {
         let answered = Arc::clone(&answered);
-        async move {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                let n = match cr.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                if answered.swap(false, Ordering::SeqCst) {
-                    turns.fetch_add(1, Ordering::SeqCst);
-                }
-                if !one_way.is_zero() {
-                    tokio::time::sleep(one_way).await;
-                }
-                if sw.write_all(&buf[..n]).await.is_err() {
-                    break;
-                }
+        pipe(cr, sw, one_way, move || {
+            if answered.swap(false, Ordering::SeqCst) {
+                turns.fetch_add(1, Ordering::SeqCst);
             }
-            let _ = sw.shutdown().await;
-        }
+        })
     };
-    let down = async move {
+    // Set before the client can read the answer, so its next bytes see it.
+    let down = pipe(sr, cw, one_way, move || {
+        answered.store(true, Ordering::SeqCst)
+    });
+    tokio::join!(up, down);
+}
+
+/// Forward `from` to `to`, each chunk `delay` after it was read; `on_read`
+/// runs as each chunk arrives.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+    on_read: impl Fn(),
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let reader = async move {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            let n = match sr.read(&mut buf).await {
+            let n = match from.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            if !one_way.is_zero() {
-                tokio::time::sleep(one_way).await;
-            }
-            // Before the client can read it, so its next bytes see it.
-            answered.store(true, Ordering::SeqCst);
-            if cw.write_all(&buf[..n]).await.is_err() {
+            on_read();
+            if tx
+                .send((tokio::time::Instant::now() + delay, buf[..n].to_vec()))
+                .is_err()
+            {
                 break;
             }
         }
-        let _ = cw.shutdown().await;
     };
-    tokio::join!(up, down);
+    let writer = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            if !delay.is_zero() {
+                tokio::time::sleep_until(due).await;
+            }
+            if to.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(reader, writer);
 }
