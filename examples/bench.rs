@@ -271,6 +271,19 @@ enum Work {
     SqlRoundTrip { ado: Arc<String> },
 }
 
+impl Work {
+    /// The phase's name, for messages.
+    fn name(&self) -> &'static str {
+        match self {
+            Work::HttpCeiling { .. } => "HTTP ceiling",
+            Work::RedisCeiling { .. } => "Redis ceiling",
+            Work::FirstDelivery { .. } => "first delivery",
+            Work::Duplicate { .. } => "duplicate",
+            Work::SqlRoundTrip { .. } => "SQL Server round-trip ceiling",
+        }
+    }
+}
+
 /// The result of one phase.
 struct Sample {
     ops: u64,
@@ -375,6 +388,15 @@ async fn phase(
         let (h, n) = t.await??;
         hist.add(&h)?;
         ops += n;
+    }
+    // A phase that measured nothing fails the run: printed, it would read
+    // as a ceiling of 0 per second and a ratio of infinity (issue 23).
+    if ops == 0 {
+        bail!(
+            "the {} phase at c={concurrency} completed no operation inside its {:.1} s window",
+            work.name(),
+            measure.as_secs_f64()
+        );
     }
     Ok(Sample {
         ops,

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 scripts/ensure-redis.sh
 
 echo "==> cargo build --release (order-guard, examples/bench)"
-cargo build --release --bin order-guard --example bench
+cargo build --release --bin order-guard --example bench --example store_latency
 TARGET_DIR="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null || echo target)"
 BIN="$TARGET_DIR/release/order-guard"
 BENCH="$TARGET_DIR/release/examples/bench"
@@ -174,6 +174,12 @@ timeout 600 "$BENCH" run \
   --ceiling "127.0.0.1:$CEILING_PORT" --ceiling-pid "$CEILING_PID" \
   --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-pid "$REDIS_PID" \
   --binary "$BIN" --scratch "$SCRATCH/cold" --out "$OUT" "${MSSQL_ARGS[@]}" "${CLUSTER_ARGS[@]}" "$@"
+
+# The store on the wire (issue 23): SQL round trips per first delivery and
+# per duplicate counted by a TCP proxy, 1 ms added each way, concurrency and
+# a hot account; SQLite first deliveries through the processor.
+echo "==> the store on the wire (examples/store_latency)"
+ORDER_GUARD_TEST_MSSQL="${MSSQL_ADO:-}" timeout 600 "$TARGET_DIR/release/examples/store_latency" 200
 
 if ! kill -0 "$HANDLER_PID" 2>/dev/null; then
   echo "error: the handler died during the run; its log:" >&2
