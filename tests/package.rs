@@ -124,6 +124,22 @@ async fn the_package_starts_as_the_host_starts_it_and_guards_orders() {
         "{exe} in the package is dynamically linked: it must be a static (musl) binary"
     );
 
+    // A dead-lettered order waiting in Blob Storage (Azurite), for the
+    // packaged DeadLetterSweep function to replay.
+    let azurite = common::azurite::Azurite::start();
+    let container = azurite.container("deadletters").await;
+    let dead_id = common::unique_id("pkg-dead");
+    let mut dead = common::eg_event(common::order_data(&dead_id, "buy", "MSFT", "2", "acct-1"));
+    dead["deadLetterReason"] = Value::from("MaxDeliveryAttemptsExceeded");
+    dead["deliveryAttempts"] = Value::from(30);
+    assert!(container
+        .put_new(
+            "ORDERS-TO-GUARD/2025/6/14/9/00000000-0000-0000-0000-000000000001.json",
+            bytes::Bytes::from(Value::Array(vec![dead]).to_string()),
+        )
+        .await
+        .unwrap());
+
     // Start it as the host does: embedded defaults (no Redis, no SQL Server).
     let port = common::free_port();
     let mut cmd = tokio::process::Command::new(&binary);
@@ -139,6 +155,8 @@ async fn the_package_starts_as_the_host_starts_it_and_guards_orders() {
     for (k, v) in common::handler_env(port, app.path()) {
         cmd.env(k, v);
     }
+    cmd.env("DEAD_LETTER_STORAGE", azurite.connection_string())
+        .env("DEAD_LETTER_CONTAINER", "deadletters");
     let mut child = cmd.spawn().expect("start the packaged binary");
     common::wait_ready(port, &mut child, Duration::from_secs(30))
         .await
@@ -165,6 +183,40 @@ async fn the_package_starts_as_the_host_starts_it_and_guards_orders() {
     assert!(
         workdir.join("order-guard.db").exists(),
         "the embedded store lives in the app root"
+    );
+
+    // The host's timer invocation of DeadLetterSweep: the dead-lettered
+    // order is executed, once, and its blob moved under replayed/.
+    let timer = serde_json::json!({
+        "Data": {"timer": {"Schedule": {"AdjustForDST": true}, "ScheduleStatus": null, "IsPastDue": false}},
+        "Metadata": {"sys": {"MethodName": "DeadLetterSweep", "UtcNow": "2025-06-14T10:00:00Z"}}
+    });
+    let sweep_url = format!("http://127.0.0.1:{port}/DeadLetterSweep");
+    let swept = common::send(
+        "POST",
+        &sweep_url,
+        serde_json::to_vec(&timer).unwrap(),
+        false,
+    )
+    .await;
+    assert_eq!(swept.status, 200, "{:?}", swept.body);
+    assert_eq!(
+        swept.body["ReturnValue"]["summary"]["executed"], 1,
+        "{:?}",
+        swept.body
+    );
+    let again = common::send(
+        "POST",
+        &sweep_url,
+        serde_json::to_vec(&timer).unwrap(),
+        false,
+    )
+    .await;
+    assert_eq!(again.status, 200, "{:?}", again.body);
+    assert_eq!(
+        again.body["ReturnValue"]["summary"]["executed"], 0,
+        "a second sweep executes nothing: {:?}",
+        again.body
     );
     child.kill().await.ok();
 }
