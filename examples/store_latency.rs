@@ -20,7 +20,6 @@
 #[path = "../tests/common/proxy.rs"]
 mod proxy;
 
-use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +29,7 @@ use order_guard::order::Order;
 use order_guard::processor::{OutcomeKind, Processor, ProcessorSettings};
 use order_guard::store::sqlserver::SqlServerSettings;
 use order_guard::store::{Execution, OrderStore, SqlServerStore, SqliteStore};
-use proxy::TurnProxy;
+use proxy::{server_of, via, TurnProxy};
 use serde_json::json;
 
 fn order(id: &str, account: &str) -> Order {
@@ -42,43 +41,6 @@ fn order(id: &str, account: &str) -> Order {
 
 fn unique(tag: &str) -> String {
     format!("{tag}-{}", uuid::Uuid::new_v4().simple())
-}
-
-/// `cs` with its server replaced by `127.0.0.1:port`.
-fn via(cs: &str, port: u16) -> String {
-    let mut parts: Vec<&str> = cs
-        .split(';')
-        .filter(|p| {
-            let key = p
-                .split('=')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase();
-            !p.trim().is_empty() && key != "server" && key != "data source"
-        })
-        .collect();
-    let server = format!("Server=tcp:127.0.0.1,{port}");
-    parts.push(&server);
-    parts.join(";")
-}
-
-fn server_of(cs: &str) -> anyhow::Result<std::net::SocketAddr> {
-    let server = cs
-        .split(';')
-        .find_map(|p| {
-            let (k, v) = p.split_once('=')?;
-            matches!(
-                k.trim().to_ascii_lowercase().as_str(),
-                "server" | "data source"
-            )
-            .then(|| v.trim().trim_start_matches("tcp:").replace(',', ":"))
-        })
-        .context("no Server= in ORDER_GUARD_TEST_MSSQL")?;
-    server
-        .to_socket_addrs()?
-        .next()
-        .context("the server does not resolve")
 }
 
 async fn sql_store(cs: &str, pool: u32) -> anyhow::Result<Arc<SqlServerStore>> {
@@ -139,7 +101,7 @@ fn duplicate(e: &Execution) -> bool {
 }
 
 async fn sql_server(cs: &str, n: usize) -> anyhow::Result<()> {
-    let upstream = server_of(cs)?;
+    let upstream = server_of(cs).context("no Server=host,port in ORDER_GUARD_TEST_MSSQL")?;
     let direct = sql_store(cs, 32).await?;
     let counted = TurnProxy::start(upstream, Duration::ZERO).await;
     let through = sql_store(&via(cs, counted.port), 32).await?;

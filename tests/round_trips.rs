@@ -9,10 +9,9 @@
 
 mod common;
 
-use std::net::ToSocketAddrs;
 use std::time::Duration;
 
-use common::proxy::TurnProxy;
+use common::proxy::{server_of, via, TurnProxy};
 use common::unique_id;
 use order_guard::order::Order;
 use order_guard::store::{Execution, OrderStore, Rejection, RejectionKind};
@@ -26,37 +25,14 @@ fn order(id: &str, account: &str, quantity: &str) -> Order {
     .unwrap()
 }
 
-/// The server's address in an ADO.NET string (`Server=tcp:host,port`).
-fn server_of(cs: &str) -> std::net::SocketAddr {
-    let server = cs
-        .split(';')
-        .find_map(|p| {
-            let (k, v) = p.split_once('=')?;
-            matches!(
-                k.trim().to_ascii_lowercase().as_str(),
-                "server" | "data source"
-            )
-            .then(|| v.trim().trim_start_matches("tcp:").replace(',', ":"))
-        })
-        .expect("a Server= in ORDER_GUARD_TEST_MSSQL");
-    server
-        .to_socket_addrs()
-        .unwrap()
-        .next()
-        .expect("the server resolves")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_delivery_costs_the_sql_server_store_one_round_trip() {
     let Some(cs) = common::mssql_connection_string() else {
         return;
     };
-    let proxy = TurnProxy::start(server_of(&cs), Duration::ZERO).await;
-    let through = common::ado_without(
-        &cs,
-        &["server", "data source"],
-        &format!("Server=tcp:127.0.0.1,{}", proxy.port),
-    );
+    let server = server_of(&cs).expect("a Server=host,port in ORDER_GUARD_TEST_MSSQL");
+    let proxy = TurnProxy::start(server, Duration::ZERO).await;
+    let through = via(&cs, proxy.port);
     // Migrated and connected (login, session settings, the procedure
     // warmed): the turns from here on are the calls'.
     let store = common::mssql_store(&through, Duration::from_secs(20)).await;

@@ -4,13 +4,45 @@
 //! included) and can hold every chunk for a one-way delay, to stand for the
 //! network between a Function and its Azure SQL database.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+/// The server's address in an ADO.NET string (`Server=tcp:host,port`).
+pub fn server_of(cs: &str) -> Option<SocketAddr> {
+    let server = cs.split(';').find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        matches!(
+            k.trim().to_ascii_lowercase().as_str(),
+            "server" | "data source"
+        )
+        .then(|| v.trim().trim_start_matches("tcp:").replace(',', ":"))
+    })?;
+    server.to_socket_addrs().ok()?.next()
+}
+
+/// `cs` with its server replaced by this proxy's loopback port.
+pub fn via(cs: &str, port: u16) -> String {
+    let mut parts: Vec<String> = cs
+        .split(';')
+        .filter(|p| {
+            let key = p
+                .split('=')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            !p.trim().is_empty() && key != "server" && key != "data source"
+        })
+        .map(str::to_string)
+        .collect();
+    parts.push(format!("Server=tcp:127.0.0.1,{port}"));
+    parts.join(";")
+}
 
 pub struct TurnProxy {
     pub port: u16,

@@ -529,14 +529,19 @@ fn execute_batch() -> Result<ExecuteBatch, SqlError> {
     })
 }
 
-async fn migrate_on(client: &mut Client) -> Result<(), SqlError> {
+/// Is this build's schema version's row there ([`sql::SCHEMA_IS_CURRENT`])?
+async fn schema_is_current(client: &mut Client) -> Result<bool, SqlError> {
     let current = client
         .query(sql::SCHEMA_IS_CURRENT, &[&sql::SCHEMA_VERSION])
         .await?
         .into_row()
         .await?
         .and_then(|r| r.get::<i32, _>(0));
-    if current.unwrap_or(0) > 0 {
+    Ok(current.unwrap_or(0) > 0)
+}
+
+async fn migrate_on(client: &mut Client) -> Result<(), SqlError> {
+    if schema_is_current(client).await? {
         return Ok(());
     }
     run(client, sql::BEGIN).await?;
@@ -544,13 +549,7 @@ async fn migrate_on(client: &mut Client) -> Result<(), SqlError> {
     // Another process may have migrated while this one waited for the lock
     // (under RCSI the first check could not see its uncommitted row): do
     // nothing then, rather than drop and create the procedure it serves with.
-    let migrated = client
-        .query(sql::SCHEMA_IS_CURRENT, &[&sql::SCHEMA_VERSION])
-        .await?
-        .into_row()
-        .await?
-        .and_then(|r| r.get::<i32, _>(0));
-    if migrated.unwrap_or(0) > 0 {
+    if schema_is_current(client).await? {
         return end_transaction(client, sql::COMMIT_AND_COUNT).await;
     }
     for batch in sql::schema_batches() {
