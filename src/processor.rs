@@ -282,16 +282,26 @@ impl Processor {
         };
         // `log!` formats only when the level is enabled: the hot duplicate
         // path builds no line at RUST_LOG=warn.
+        // The human form, then the same fields as a stable `key=value` tail
+        // for log queries (values quoted and escaped as Rust strings: one
+        // line whatever they hold).
+        let ms = started.elapsed().as_secs_f64() * 1e3;
         log::log!(
             level,
-            "order {} event {}: {} (guard={}, {:.1} ms){}{}",
+            "order {} event {}: {} (guard={}, {:.1} ms){}{} | order_id={:?} event_id={:?} outcome={} guard={} ms={:.1}{}",
             work.order.order_id,
             outcome.event_id.as_deref().unwrap_or("?"),
             outcome.outcome.as_str(),
             outcome.guard,
-            started.elapsed().as_secs_f64() * 1e3,
+            ms,
             if outcome.reason.is_some() { ": " } else { "" },
-            escaped(outcome.reason.as_deref().unwrap_or(""))
+            escaped(outcome.reason.as_deref().unwrap_or("")),
+            work.order.order_id,
+            outcome.event_id.as_deref().unwrap_or(""),
+            outcome.outcome.as_str(),
+            outcome.guard,
+            ms,
+            ReasonField(outcome.reason.as_deref()),
         );
         outcome
     }
@@ -675,6 +685,18 @@ struct Facts {
     failure: Option<String>,
     /// Which guard decided: `redis`, `memory`, `unavailable` or [`RECALLED`].
     guard_label: &'static str,
+}
+
+/// ` reason="…"` in a log line's `key=value` tail (nothing without a reason).
+struct ReasonField<'a>(Option<&'a str>);
+
+impl std::fmt::Display for ReasonField<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(reason) => write!(f, " reason={reason:?}"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The `guard` of an answer decided by this instance's cache of finished orders.
