@@ -13,7 +13,8 @@ use order_guard::store::sqlserver::connstr::SqlConnInfo;
 const MARKER: &str = "S3cr3tMarker";
 
 fn leaks(text: &str) -> bool {
-    text.to_ascii_lowercase().contains(&MARKER.to_ascii_lowercase())
+    text.to_ascii_lowercase()
+        .contains(&MARKER.to_ascii_lowercase())
 }
 
 fn check_sql(s: &str) {

@@ -36,7 +36,8 @@ fn temp_dir() -> tempfile::TempDir {
 }
 
 fn processor(dir: &std::path::Path, name: &str) -> Arc<Processor> {
-    let store = SqliteStore::open(&dir.join(name), Duration::from_millis(50)).expect("sqlite store");
+    let store =
+        SqliteStore::open(&dir.join(name), Duration::from_millis(50)).expect("sqlite store");
     Arc::new(Processor::new(
         Arc::new(MemoryGuard::new(GuardSettings::default())),
         Arc::new(store),
@@ -115,7 +116,11 @@ fuzz_target!(|data: &[u8]| {
     let ret = &obj["ReturnValue"];
     if let Some(results) = ret.get("results") {
         let results = results.as_array().expect("results is an array");
-        assert_eq!(results.len(), events_in(&trigger), "one result per event: {answer}");
+        assert_eq!(
+            results.len(),
+            events_in(&trigger),
+            "one result per event: {answer}"
+        );
     } else if ret.get("error").is_none() {
         assert!(ret.get("outcome").is_some(), "no outcome: {answer}");
     }
@@ -133,6 +138,9 @@ fuzz_target!(|data: &[u8]| {
         let a = kinds(processor(dir.path(), "a.db"), trigger.clone());
         let b = kinds(processor(dir.path(), "b.db"), trigger.clone());
         assert_eq!(a.len(), events_in(&trigger), "one outcome per event");
-        assert_eq!(a, b, "the same trigger answered differently on two fresh processors");
+        assert_eq!(
+            a, b,
+            "the same trigger answered differently on two fresh processors"
+        );
     }
 });

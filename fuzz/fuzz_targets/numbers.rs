@@ -60,7 +60,11 @@ fn exact(text: &str) -> Option<(bool, String, i128)> {
         if digits.len() > 30 {
             // Far beyond any Decimal: the value cannot be accepted exactly
             // unless it is zero.
-            exp = if eneg { -(10i128.pow(30)) } else { 10i128.pow(30) };
+            exp = if eneg {
+                -(10i128.pow(30))
+            } else {
+                10i128.pow(30)
+            };
         } else {
             exp = digits.parse::<i128>().ok()?;
             if eneg {
@@ -106,21 +110,32 @@ fn order(quantity: Value) -> Value {
 }
 
 fn check(text: &str, data: &Value, as_number: bool) {
-    for fractions in [FractionalNumbers::UpToFifteenDigits, FractionalNumbers::Refused] {
+    for fractions in [
+        FractionalNumbers::UpToFifteenDigits,
+        FractionalNumbers::Refused,
+    ] {
         let Ok(o) = Order::from_data_with(data, fractions) else {
             continue;
         };
         let got = of_decimal(o.quantity);
         let want = exact(text).unwrap_or_else(|| {
-            panic!("quantity {text:?} is not JSON number grammar but was accepted as {}", o.quantity)
+            panic!(
+                "quantity {text:?} is not JSON number grammar but was accepted as {}",
+                o.quantity
+            )
         });
         assert_eq!(
-            got, want,
+            got,
+            want,
             "quantity {text:?} (as {}, {fractions:?}) accepted as {}: not its exact value",
             if as_number { "number" } else { "string" },
             o.quantity
         );
-        assert!(!got.0 && !got.1.is_empty(), "quantity {text:?} accepted as {} (not positive)", o.quantity);
+        assert!(
+            !got.0 && !got.1.is_empty(),
+            "quantity {text:?} accepted as {} (not positive)",
+            o.quantity
+        );
     }
 }
 
@@ -133,7 +148,11 @@ fuzz_target!(|data: &[u8]| {
         // serde_json keeps the text (arbitrary_precision); compare with
         // the text it kept, and with the input itself when they agree.
         let kept = n.to_string();
-        assert_eq!(exact(&kept), exact(text.trim()), "serde_json changed the value of {text:?} to {kept:?}");
+        assert_eq!(
+            exact(&kept),
+            exact(text.trim()),
+            "serde_json changed the value of {text:?} to {kept:?}"
+        );
         check(text.trim(), &order(Value::Number(n)), true);
     }
     // As a JSON string: the text as it is.
