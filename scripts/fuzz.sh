@@ -36,7 +36,7 @@ for t in "${targets[@]}"; do
   done_line="$(grep -E '^#[0-9]+ +DONE' "$log" | tail -1 || true)"
   rm -rf "$work"
   if [[ $status -ne 0 ]]; then
-    grep -v -E '^#[0-9]+ +(NEW|REDUCE|pulse)' "$log" | tail -40 >&2
+    grep -v -E '^#[0-9]+ +(NEW|REDUCE|pulse)|^ +#[0-9]+ 0x' "$log" | tail -40 >&2
     echo "fuzz.sh: $t FAILED (exit $status); input saved under fuzz/artifacts/$t/" >&2
     exit "$status"
   fi

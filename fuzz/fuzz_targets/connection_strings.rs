@@ -67,7 +67,10 @@ fuzz_target!(|data: &[u8]| {
         format!("Server=db;Password={MARKER}{s}"),
     ] {
         check_sql(&sql);
-        check_config(None, Some(&sql));
+        // `sqlite:PATH` is a file path, shown as given: not a secret's place.
+        if !sql.trim_start().starts_with("sqlite:") {
+            check_config(None, Some(&sql));
+        }
     }
     for url in [
         format!("redis://:{MARKER}@{s}"),
