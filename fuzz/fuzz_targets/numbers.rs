@@ -65,7 +65,7 @@ fn exact(text: &str) -> Option<(bool, String, i128)> {
             } else {
                 10i128.pow(30)
             };
-        } else {
+        } else if !digits.is_empty() {
             exp = digits.parse::<i128>().ok()?;
             if eneg {
                 exp = -exp;
