@@ -33,10 +33,10 @@ for t in "${targets[@]}"; do
   # With -jobs=1 libFuzzer runs the fuzzer in a child whose output is
   # fuzz-0.log in the current directory.
   [[ -f fuzz-0.log ]] && cat fuzz-0.log >>"$log" && rm -f fuzz-0.log
-  done_line="$(grep -E '^#[0-9]+ +DONE' "$log" | tail -1 || true)"
+  done_line="$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true)"
   rm -rf "$work"
   if [[ $status -ne 0 ]]; then
-    grep -v -E '^#[0-9]+ +(NEW|REDUCE|pulse)|^ +#[0-9]+ 0x' "$log" | tail -40 >&2
+    grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)|^ +#[0-9]+ 0x' "$log" | tail -40 >&2
     echo "fuzz.sh: $t FAILED (exit $status); input saved under fuzz/artifacts/$t/" >&2
     exit "$status"
   fi
