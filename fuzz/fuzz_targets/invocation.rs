@@ -93,7 +93,7 @@ fuzz_target!(|data: &[u8]| {
             .method("POST")
             .path("/OrderTrigger")
             .header("content-type", "application/json")
-            .body(data.to_vec())
+            .body(data)
             .reply(&filter),
     );
     let status = response.status().as_u16();
