@@ -81,11 +81,23 @@ impl std::fmt::Debug for StoreConfig {
 
 /// A URL with whatever precedes its last `@` (user and password) replaced.
 fn without_credentials(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((_, host)) => format!("{scheme}://(credentials not shown)@{host}"),
-            None => url.to_string(),
-        },
+    // Only what locates the server: scheme, host, port, database; never the
+    // user, the password or anything else the text holds.
+    match redis::parse_redis_url(url) {
+        Some(u) => {
+            let credentials = if u.username().is_empty() && u.password().is_none() {
+                ""
+            } else {
+                "(credentials not shown)@"
+            };
+            let port = u.port().map(|p| format!(":{p}")).unwrap_or_default();
+            format!(
+                "{}://{credentials}{}{port}{}",
+                u.scheme(),
+                u.host_str().unwrap_or(""),
+                u.path()
+            )
+        }
         None => "(not a URL; not shown)".into(),
     }
 }
@@ -474,6 +486,21 @@ pub fn redis_url(v: &str) -> Result<String, ConfigError> {
                 "the URL's host is not a host name (an access key in the host's place?); expected redis://HOST:PORT or rediss://:KEY@HOST:6380 (the value is not shown)",
             ));
         }
+        // After HOST:PORT only a database number: anything else is a form
+        // mixed up with Azure's (`…:6380,password=KEY,ssl=True` after a
+        // URL), which would carry the key where no one redacts it.
+        let path = url.path();
+        let db_only = path.is_empty()
+            || path == "/"
+            || path
+                .strip_prefix('/')
+                .is_some_and(|d| d.bytes().all(|b| b.is_ascii_digit()));
+        if !db_only || url.fragment().is_some() {
+            return Err(err(
+                VAR,
+                "after redis://HOST:PORT only /DB (a database number) may follow; for Azure's form give HOST:6380,password=KEY,ssl=True without the scheme (the value is not shown)",
+            ));
+        }
         return Ok(v.to_string());
     }
     let mut parts = v.split(',');
@@ -785,6 +812,26 @@ mod tests {
             "[nope]",
         ] {
             assert!(!plausible_host(bad), "{bad}");
+        }
+    }
+
+    /// Found by the `connection_strings` fuzz target: a URL with Azure's
+    /// form after it was accepted, and its `Debug` showed the key.
+    #[test]
+    fn a_url_mixed_with_azures_form_is_refused_without_showing_the_key() {
+        let mixed = "rediss://:key@cache.example.net:6380/0,password=S3cr3tMarker,ssl=True";
+        let e = config(&[("REDIS_URL", mixed)]).unwrap_err();
+        assert_eq!(e.var, "REDIS_URL");
+        assert!(!format!("{e} {e:?}").contains("S3cr3tMarker"), "{e}");
+        for fine in [
+            "redis://cache:6379",
+            "rediss://:k@cache:6380/0",
+            "redis://cache:6379/",
+        ] {
+            let c = config(&[("REDIS_URL", fine)]).unwrap();
+            let shown = format!("{c:?}");
+            assert!(!shown.contains(":k@"), "{shown}");
+            assert!(shown.contains("cache:63"), "{shown}");
         }
     }
 
