@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing (fuzz/, cargo-fuzz): scripts/fuzz.sh [TARGET|all] [SECONDS]
+# Runs one target or all of them, one after another, for SECONDS each
+# (default 30) on the committed corpus, one job, and prints per target the
+# inputs run and the coverage (libFuzzer's final `#N DONE cov: … ft: …`).
+# Stable toolchain: RUSTC_BOOTSTRAP=1 lets cargo-fuzz pass its nightly flags.
+# A crash stops the run (exit non-zero); its input is under fuzz/artifacts/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target="${1:-all}"
+seconds="${2:-30}"
+export RUSTC_BOOTSTRAP=1
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "fuzz.sh: installing cargo-fuzz" >&2
+  cargo install cargo-fuzz --locked
+fi
+targets=(invocation connection_strings numbers)
+if [[ "$target" != all ]]; then
+  targets=("$target")
+fi
+if [[ "$target" == all ]]; then cargo fuzz build -O; else cargo fuzz build -O "$target"; fi
+summary=()
+for t in "${targets[@]}"; do
+  mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t"
+  log="$(mktemp)"
+  # A scratch copy of the corpus: what libFuzzer adds stays out of the tree.
+  work="$(mktemp -d)"
+  cp -r "fuzz/corpus/$t/." "$work/"
+  echo "fuzz.sh: $t for ${seconds}s" >&2
+  status=0
+  cargo fuzz run -O "$t" "$work" "fuzz/corpus/$t" -- \
+    -max_total_time="$seconds" -jobs=1 -workers=1 -print_final_stats=0 2>"$log" || status=$?
+  # With -jobs=1 libFuzzer runs the fuzzer in a child whose output is
+  # fuzz-0.log in the current directory.
+  [[ -f fuzz-0.log ]] && cat fuzz-0.log >>"$log" && rm -f fuzz-0.log
+  done_line="$(grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true)"
+  rm -rf "$work"
+  if [[ $status -ne 0 ]]; then
+    grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)|^ +#[0-9]+ 0x' "$log" | tail -40 >&2
+    echo "fuzz.sh: $t FAILED (exit $status); input saved under fuzz/artifacts/$t/" >&2
+    exit "$status"
+  fi
+  rm -f "$log"
+  summary+=("$t: ${done_line:-no DONE line}")
+done
+printf '%s\n' "${summary[@]}"
