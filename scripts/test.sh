@@ -12,7 +12,7 @@
 #    nothing here), its absence is said once and the SQL Server tests do not
 #    run (the T-SQL is still parsed below);
 # 3. checks formatting and lints;
-# 4. runs every test target, with the fault points compiled in.
+# 4. runs every test target, with the fault points compiled in;
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,3 +51,11 @@ cargo clippy --all-targets --features failpoints -- -D warnings
 
 echo "==> cargo test --all-targets --features failpoints"
 cargo test --all-targets --features failpoints "$@"
+
+# 5. With ORDER_GUARD_FUZZ_SECONDS (.ci/run sets 30), every fuzz target for
+#    that long on its corpus (scripts/fuzz.sh; a fresh machine adds about
+#    8 minutes: installing cargo-fuzz and the instrumented build).
+if [ -n "${ORDER_GUARD_FUZZ_SECONDS:-}" ]; then
+  echo "==> scripts/fuzz.sh all $ORDER_GUARD_FUZZ_SECONDS"
+  scripts/fuzz.sh all "$ORDER_GUARD_FUZZ_SECONDS"
+fi
