@@ -16,12 +16,22 @@ use order_guard::processor::{Processor, ProcessorSettings};
 use order_guard::store::{OrderStore, SqliteStore};
 use serde_json::{json, Value};
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, and never handed out
+/// before in this process: the kernel may give a port just released to the
+/// next `bind(0)`, and tests running in parallel (each starting servers,
+/// cluster nodes with their bus ports) must not pick one port twice.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("cannot bind a loopback port")
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("cannot bind a loopback port")
+            .port();
+        if GIVEN.lock().unwrap_or_else(|p| p.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// The `redis-server` binary, or a panic that says how to get one.
