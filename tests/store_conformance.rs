@@ -119,6 +119,14 @@ mod suite {
         );
         assert_eq!(stored[0].raw_event, raw);
         assert_eq!(stored[0].deliveries, 2);
+        // The same conflict stored the other way (decided from a Redis
+        // marker, through `reject`) is the same row: one key for both paths.
+        store
+            .reject(&Rejection::conflict(&other, "e9", &raw, o.fingerprint()))
+            .await
+            .unwrap();
+        let stored = store.rejections(Some(&id)).await.unwrap();
+        assert_eq!((stored.len(), stored[0].deliveries), (1, 3), "{stored:?}");
         assert_eq!(
             store.position(&account, "MSFT").await.unwrap(),
             Some(pos("1"))

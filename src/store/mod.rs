@@ -126,12 +126,18 @@ impl Rejection {
     /// Identity of this rejection: a redelivered poison event is stored once
     /// (its delivery count goes up), not once per delivery.
     pub fn event_hash(&self) -> String {
-        let mut h = Sha256::new();
-        h.update(self.kind.as_str());
-        h.update([0]);
-        h.update(self.raw_event.as_bytes());
-        hex(&h.finalize())
+        event_hash(self.kind, &self.raw_event)
     }
+}
+
+/// The `EventHash` a rejection of `kind` for the event `raw_event` is kept
+/// under (see [`Rejection::event_hash`]).
+pub fn event_hash(kind: RejectionKind, raw_event: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(kind.as_str());
+    h.update([0]);
+    h.update(raw_event.as_bytes());
+    hex(&h.finalize())
 }
 
 /// Why a conflicting event is refused: both fingerprints, shortened.

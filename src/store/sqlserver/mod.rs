@@ -34,8 +34,8 @@ use self::aad::TokenSource;
 use self::connstr::SqlConnInfo;
 use self::pool::{Client, SqlConnectionManager};
 use super::{
-    conflict_reason_around, short_fingerprint, Execution, OrderRecord, OrderStore, RejectedRecord,
-    Rejection, StoreError, MAX_EXECUTION_TRIES,
+    conflict_reason_around, event_hash, short_fingerprint, Execution, OrderRecord, OrderStore,
+    RejectedRecord, Rejection, RejectionKind, StoreError, MAX_EXECUTION_TRIES,
 };
 #[cfg(feature = "failpoints")]
 use crate::faults;
@@ -397,17 +397,10 @@ async fn run_execute_batch(
         Some((reason, at)) => (reason.as_str(), *at),
         None => ("", 0),
     };
-    let overflow_hash = Rejection::position_overflow(
-        o,
-        event_id,
-        raw_event,
-        &Overflow {
-            current: Position::ZERO,
-            change,
-        },
-    )
-    .event_hash();
-    let conflict_hash = Rejection::conflict(o, event_id, raw_event, "").event_hash();
+    // Where the call stores an overflow or a conflict, if it turns out one
+    // (the same keys `Rejection::event_hash` gives those rejections).
+    let overflow_hash = event_hash(RejectionKind::Poison, raw_event);
+    let conflict_hash = event_hash(RejectionKind::Conflict, raw_event);
     let units = |u: i128| Numeric::new_with_scale(u, 0);
     let rows = client
         .query(
