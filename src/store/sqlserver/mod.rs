@@ -73,20 +73,25 @@ pub struct SqlServerStore {
     last_connect_error: Arc<Mutex<Option<String>>>,
     connect_timeout: Duration,
     query_timeout: Duration,
+    /// SQL_POOL_SIZE: how many stale pooled connections a call may skip.
+    pool_size: u32,
 }
 
 /// Run `$body` (an expression using `$client: &mut Client`) on a pooled
-/// connection within `$timeout`, retrying once on a fresh connection when
-/// the first one was dead. A connection goes back to the pool only after a
-/// request that finished without any error: one that timed out, was
-/// cancelled or failed (inside a transaction or not) is discarded, and
-/// closing it makes the server roll back whatever it had open.
+/// connection within `$timeout`. A connection lost after it had served
+/// requests went stale in the pool (a server restart cuts every idle one at
+/// once), so the call moves on to the next, up to the pool's size; one lost
+/// before serving anything is retried once, after a pause. A connection goes
+/// back to the pool only after a request that finished without any error:
+/// one that timed out, was cancelled or failed (inside a transaction or not)
+/// is discarded, and closing it makes the server roll back whatever it had
+/// open.
 macro_rules! with_client {
     ($self:ident, $what:expr, $timeout:expr, |$client:ident| $body:expr) => {{
         let what: &str = $what;
-        let mut attempt = 0;
+        let mut stale = 0u32;
+        let mut fresh_lost = false;
         loop {
-            attempt += 1;
             let mut conn = $self.checkout(what).await?;
             conn.broken = true;
             let result = {
@@ -97,10 +102,20 @@ macro_rules! with_client {
                 Err(_) => break Err(classify::query_timeout(what, $timeout)),
                 Ok(Ok(value)) => {
                     conn.broken = false;
+                    conn.served = true;
                     conn.last_used = std::time::Instant::now();
                     break Ok(value);
                 }
-                Ok(Err(e)) if classify::is_connection_lost(&e) && attempt == 1 => {
+                Ok(Err(e))
+                    if classify::is_connection_lost(&e)
+                        && conn.served
+                        && stale < $self.pool_size =>
+                {
+                    stale += 1;
+                    log::warn!("{what}: a pooled connection was lost ({e}); trying the next");
+                }
+                Ok(Err(e)) if classify::is_connection_lost(&e) && !conn.served && !fresh_lost => {
+                    fresh_lost = true;
                     log::warn!("{what}: connection lost ({e}); retrying once on a new connection");
                     drop(conn);
                     tokio::time::sleep(RETRY_PAUSE).await;
@@ -165,6 +180,7 @@ impl SqlServerStore {
             last_connect_error,
             connect_timeout: settings.connect_timeout,
             query_timeout: settings.query_timeout,
+            pool_size: settings.pool_size.max(1),
         }
     }
 

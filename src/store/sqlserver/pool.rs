@@ -56,6 +56,10 @@ pub struct SqlConnection {
     /// When the last request finished cleanly: a connection idle for longer
     /// than [`CHECK_AFTER_IDLE`] is checked before it is handed out again.
     pub last_used: Instant,
+    /// Whether a request has completed on it: a connection lost after
+    /// serving went stale in the pool (a server restart cuts them all at
+    /// once), one lost before serving says the server is not there.
+    pub served: bool,
 }
 
 /// A pooled connection unused for this long is checked on checkout (a
@@ -231,6 +235,7 @@ impl bb8::ManageConnection for SqlConnectionManager {
                 client,
                 broken: false,
                 last_used: Instant::now(),
+                served: false,
             }),
             Err(e) => {
                 log::warn!("cannot connect to SQL Server: {e}");
