@@ -8,11 +8,12 @@
 //! ```sh
 //! ORDER_GUARD_TEST_MSSQL="$(scripts/tsql-engine.sh start og_latency)" \
 //! ORDER_GUARD_TSQL_SERVER="$(scripts/tsql-engine.sh path)" \
-//!   cargo run --release --example store_latency -- [ORDERS]
+//!   cargo run --release --example store_latency -- [ORDERS] [recovery]
 //! ```
 //!
 //! With `ORDER_GUARD_TSQL_SERVER` it also measures the recovery after a
-//! 10 s outage of an engine of its own.
+//! 10 s outage of an engine of its own (`recovery` as the second argument runs
+//! only that phase).
 //!
 //! Without `ORDER_GUARD_TEST_MSSQL` only the SQLite figures are printed (and
 //! it says so). A phase that fails, or measures nothing, fails the run.
@@ -410,18 +411,27 @@ fn met(ok: bool) -> &'static str {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("error"))
-        .try_init();
+    let _ = env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("error,tiberius=off"),
+    )
+    .try_init();
     order_guard::app::init_tls();
     let n: usize = std::env::args()
         .nth(1)
         .map(|a| a.parse().context("ORDERS must be a number"))
         .transpose()?
         .unwrap_or(200);
-    sqlite(n).await?;
-    match std::env::var("ORDER_GUARD_TEST_MSSQL") {
-        Ok(cs) if !cs.trim().is_empty() => sql_server(&cs, n).await?,
-        _ => println!("SQL Server figures NOT MEASURED: set ORDER_GUARD_TEST_MSSQL (scripts/tsql-engine.sh start NAME prints one)"),
+    let only_recovery = match std::env::args().nth(2).as_deref() {
+        None => false,
+        Some("recovery") => true,
+        Some(other) => bail!("unknown phase {other:?}: the only one to run alone is `recovery`"),
+    };
+    if !only_recovery {
+        sqlite(n).await?;
+        match std::env::var("ORDER_GUARD_TEST_MSSQL") {
+            Ok(cs) if !cs.trim().is_empty() => sql_server(&cs, n).await?,
+            _ => println!("SQL Server figures NOT MEASURED: set ORDER_GUARD_TEST_MSSQL (scripts/tsql-engine.sh start NAME prints one)"),
+        }
     }
     match std::env::var("ORDER_GUARD_TSQL_SERVER") {
         Ok(tool) if !tool.trim().is_empty() => recovery(tool).await?,

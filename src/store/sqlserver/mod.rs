@@ -165,6 +165,7 @@ impl SqlServerStore {
             .min_idle(None)
             .connection_timeout(settings.connect_timeout)
             .test_on_check_out(true)
+            .retry_connection(false)
             .max_lifetime(Some(MAX_CONNECTION_LIFETIME))
             .idle_timeout(Some(IDLE_TIMEOUT))
             .build_unchecked(manager);

@@ -77,6 +77,16 @@ pub fn login_budget(connect_timeout: Duration) -> Duration {
     connect_timeout.max(Duration::from_secs(30))
 }
 
+/// The pause after the `failures`-th failed login in a row (from 0): 250 ms,
+/// doubling, at most 1 s, so a server that comes back is found within a
+/// second while one that stays down sees an attempt a second per pool slot.
+pub fn reconnect_pause(failures: u32) -> Duration {
+    let first = Duration::from_millis(250);
+    first
+        .saturating_mul(1u32 << failures.min(8))
+        .min(Duration::from_secs(1))
+}
+
 /// Why a connection could not be opened or checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConnectError {
@@ -230,17 +240,33 @@ impl bb8::ManageConnection for SqlConnectionManager {
     type Error = ConnectError;
 
     async fn connect(&self) -> Result<SqlConnection, ConnectError> {
-        match self.open().await {
-            Ok(client) => Ok(SqlConnection {
-                client,
-                broken: false,
-                last_used: Instant::now(),
-                served: false,
-            }),
-            Err(e) => {
-                log::warn!("cannot connect to SQL Server: {e}");
-                *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-                Err(e)
+        // bb8's own retry (`retry_connection`, off in the store) doubles its
+        // pause up to half the connect timeout, so a server back from an
+        // outage waited seconds for the next attempt; this one keeps trying
+        // at short, bounded pauses until the connect timeout has passed.
+        let started = Instant::now();
+        let mut failures = 0;
+        loop {
+            match self.open().await {
+                Ok(client) => {
+                    return Ok(SqlConnection {
+                        client,
+                        broken: false,
+                        last_used: Instant::now(),
+                        served: false,
+                    })
+                }
+                Err(e) => {
+                    log::warn!("cannot connect to SQL Server: {e}");
+                    *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(e.to_string());
+                    let pause = reconnect_pause(failures);
+                    failures += 1;
+                    if started.elapsed() + pause >= self.connect_timeout {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(pause).await;
+                }
             }
         }
     }
@@ -280,5 +306,17 @@ impl bb8::ManageConnection for SqlConnectionManager {
 
     fn has_broken(&self, conn: &mut SqlConnection) -> bool {
         conn.broken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_login_is_retried_within_a_second_whatever_the_run_of_failures() {
+        let pauses: Vec<u128> = (0..6).map(|n| reconnect_pause(n).as_millis()).collect();
+        assert_eq!(pauses, [250, 500, 1000, 1000, 1000, 1000]);
+        assert_eq!(reconnect_pause(u32::MAX), Duration::from_secs(1));
     }
 }
