@@ -14,6 +14,7 @@ pub mod app;
 pub mod config;
 pub mod deadletter;
 pub mod decision;
+pub mod entra;
 pub mod event;
 pub mod faults;
 pub mod finished;

@@ -237,16 +237,13 @@ pub fn scrub(text: &str) -> String {
 /// identity, `az`/`azd` login, the Instance Metadata Service).
 fn entra_id() -> AzureCredentialProvider {
     Arc::new(EntraId {
-        chain: crate::store::sqlserver::aad::default_chain_credential(
-            None,
-            Duration::from_secs(10),
-        ),
+        chain: crate::entra::default_chain_credential(None, Duration::from_secs(10)),
         cached: Mutex::new(None),
     })
 }
 
 struct EntraId {
-    chain: crate::store::sqlserver::aad::ChainCredential,
+    chain: crate::entra::ChainCredential,
     cached: Mutex<Option<(Arc<AzureCredential>, azure_core::time::OffsetDateTime)>>,
 }
 

@@ -164,7 +164,7 @@ async fn the_token_is_what_the_login_carries() {
     let _env = IdentityEnv::set(Some(&ep.url), Some(HEADER_SECRET)).await;
     let cs = "Server=tcp:127.0.0.1,1;Authentication=Active Directory Managed Identity;User ID=user-assigned-id";
     let info = SqlConnInfo::parse(cs).unwrap();
-    let tokens = TokenSource::for_auth(&info.auth, Duration::from_secs(5))
+    let tokens = order_guard::store::sqlserver::token_source(&info.auth, Duration::from_secs(5))
         .unwrap()
         .expect("a token source for a managed identity");
     assert!(
@@ -202,7 +202,7 @@ async fn the_token_is_what_the_login_carries() {
 async fn the_system_identity_sends_no_client_id() {
     let ep = identity_endpoint(3600).await;
     let _env = IdentityEnv::set(Some(&ep.url), Some(HEADER_SECRET)).await;
-    let tokens = TokenSource::managed_identity(None, Duration::from_secs(5)).unwrap();
+    let tokens = TokenSource::managed_identity(None, SQL_SCOPE, Duration::from_secs(5)).unwrap();
     assert_eq!(tokens.token().await.unwrap(), "token-1");
     assert_eq!(ep.requests.lock().unwrap()[0].client_id, None);
 }
@@ -212,7 +212,7 @@ async fn tokens_are_reused_while_valid_and_refreshed_near_expiry() {
     // Valid for an hour: two logins, one request to the endpoint.
     let ep = identity_endpoint(3600).await;
     let _env = IdentityEnv::set(Some(&ep.url), Some(HEADER_SECRET)).await;
-    let tokens = TokenSource::managed_identity(None, Duration::from_secs(5)).unwrap();
+    let tokens = TokenSource::managed_identity(None, SQL_SCOPE, Duration::from_secs(5)).unwrap();
     let (fake, manager) = token_login(tokens).await;
     for _ in 0..2 {
         let conn = bb8::ManageConnection::connect(&manager).await;
@@ -226,7 +226,7 @@ async fn tokens_are_reused_while_valid_and_refreshed_near_expiry() {
     // Valid for 2 minutes, less than the 5-minute refresh margin: every
     // token wanted is a fresh one, though the last has not expired yet.
     ep.lifetime.store(120, Ordering::SeqCst);
-    let tokens = TokenSource::managed_identity(None, Duration::from_secs(5)).unwrap();
+    let tokens = TokenSource::managed_identity(None, SQL_SCOPE, Duration::from_secs(5)).unwrap();
     assert_eq!(tokens.token().await.unwrap(), "token-2");
     assert_eq!(tokens.token().await.unwrap(), "token-3");
     assert_eq!(ep.tokens_handed_out(), 3);
@@ -237,7 +237,7 @@ async fn a_wrong_header_secret_is_refused_and_not_echoed() {
     let ep = identity_endpoint(3600).await;
     let secret = "wrong-secret-999";
     let _env = IdentityEnv::set(Some(&ep.url), Some(secret)).await;
-    let tokens = TokenSource::managed_identity(None, Duration::from_secs(5)).unwrap();
+    let tokens = TokenSource::managed_identity(None, SQL_SCOPE, Duration::from_secs(5)).unwrap();
     assert!(!format!("{tokens:?}").contains(secret));
     let e = tokens.token().await.unwrap_err().to_string();
     assert!(e.contains("401"), "{e}");
@@ -281,7 +281,7 @@ async fn default_uses_the_app_service_identity_when_it_is_there() {
         "Server=tcp:127.0.0.1,1;Authentication=Active Directory Default;User ID=uai-client",
     )
     .unwrap();
-    let tokens = TokenSource::for_auth(&info.auth, Duration::from_secs(5))
+    let tokens = order_guard::store::sqlserver::token_source(&info.auth, Duration::from_secs(5))
         .unwrap()
         .unwrap();
     let shown = tokens.description().to_string();
@@ -331,7 +331,9 @@ async fn no_log_line_holds_the_token_or_the_header_secret() {
     capture_logs();
     let ep = identity_endpoint(3600).await;
     let _env = IdentityEnv::set(Some(&ep.url), Some(HEADER_SECRET)).await;
-    let tokens = TokenSource::managed_identity(Some("uai".into()), Duration::from_secs(5)).unwrap();
+    let tokens =
+        TokenSource::managed_identity(Some("uai".into()), SQL_SCOPE, Duration::from_secs(5))
+            .unwrap();
     let (fake, manager) = token_login(tokens).await;
     let conn = bb8::ManageConnection::connect(&manager).await;
     assert!(conn.is_ok(), "{:?}", conn.err());
@@ -456,6 +458,7 @@ async fn a_failed_refresh_keeps_the_valid_token_and_errors_say_what_to_fix() {
     let credential = Scripted::new(vec![Ok(120), Err("endpoint down")]);
     let tokens = TokenSource::new(
         credential.clone(),
+        SQL_SCOPE,
         "the test credential",
         "fix the test",
         Duration::from_secs(1),
@@ -467,6 +470,7 @@ async fn a_failed_refresh_keeps_the_valid_token_and_errors_say_what_to_fix() {
     // and no token.
     let tokens = TokenSource::new(
         Scripted::new(vec![Ok(2), Err("endpoint down")]),
+        SQL_SCOPE,
         "the test credential",
         "fix the test",
         Duration::from_secs(1),
@@ -486,7 +490,13 @@ async fn a_failed_refresh_keeps_the_valid_token_and_errors_say_what_to_fix() {
         calls: AtomicUsize::new(0),
         delay: Duration::from_secs(30),
     });
-    let tokens = TokenSource::new(slow, "slow", "wait less", Duration::from_millis(200));
+    let tokens = TokenSource::new(
+        slow,
+        SQL_SCOPE,
+        "slow",
+        "wait less",
+        Duration::from_millis(200),
+    );
     let started = std::time::Instant::now();
     let e = tokens.token().await.unwrap_err().to_string();
     assert!(e.contains("no token within 200 ms"), "{e}");

@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use azure_core::credentials::{AccessToken, TokenCredential, TokenRequestOptions};
 use azure_core::time::OffsetDateTime;
+use order_guard::entra::{ChainCredential, ChainLink, TokenSource, SQL_SCOPE};
 use order_guard::order::Order;
-use order_guard::store::sqlserver::aad::{ChainCredential, ChainLink, TokenSource, SQL_SCOPE};
 use order_guard::store::sqlserver::classify;
 use order_guard::store::sqlserver::connstr::{Auth, Encrypt, SqlConnInfo};
 use order_guard::store::sqlserver::pool::{

@@ -11,9 +11,8 @@
 //! query timeout, and retries at most once, at once, when the connection
 //! turned out to be dead; longer back-off is Event Grid's job. Statements
 //! live in [`sql`], error numbers in [`classify`], the connection string in
-//! [`connstr`], Entra ID tokens in [`aad`].
+//! [`connstr`], Entra ID tokens from [`crate::entra`].
 
-pub mod aad;
 pub mod classify;
 pub mod connstr;
 pub mod pool;
@@ -30,13 +29,13 @@ use tiberius::error::Error as SqlError;
 use tiberius::numeric::Numeric;
 use tiberius::Row;
 
-use self::aad::TokenSource;
-use self::connstr::SqlConnInfo;
+use self::connstr::{Auth, SqlConnInfo};
 use self::pool::{Client, SqlConnectionManager};
 use super::{
     conflict_reason_around, event_hash, short_fingerprint, Execution, OrderRecord, OrderStore,
     RejectedRecord, Rejection, RejectionKind, StoreError, MAX_EXECUTION_TRIES,
 };
+use crate::entra::{TokenError, TokenSource, SQL_SCOPE};
 #[cfg(feature = "failpoints")]
 use crate::faults;
 use crate::order::{Order, OrderStatus};
@@ -136,7 +135,7 @@ impl SqlServerStore {
     ) -> Result<Self, StoreError> {
         let info = SqlConnInfo::parse(connection_string)
             .map_err(|e| StoreError::Permanent(e.to_string()))?;
-        let identity = TokenSource::for_auth(&info.auth, settings.connect_timeout)
+        let identity = token_source(&info.auth, settings.connect_timeout)
             .map_err(|e| StoreError::Permanent(e.to_string()))?
             .map(Arc::new);
         if let Some(source) = &identity {
@@ -212,6 +211,21 @@ impl SqlServerStore {
                     .clone();
                 Err(classify::pool_timeout(what, self.connect_timeout, last))
             }
+        }
+    }
+}
+
+/// The token source for a connection string's `Authentication`: `None` for
+/// a SQL login. Reads the environment now (which managed-identity endpoint,
+/// which links of the chain); sends nothing yet.
+pub fn token_source(auth: &Auth, timeout: Duration) -> Result<Option<TokenSource>, TokenError> {
+    match auth {
+        Auth::SqlPassword { .. } => Ok(None),
+        Auth::ManagedIdentity { client_id } => {
+            TokenSource::managed_identity(client_id.clone(), SQL_SCOPE, timeout).map(Some)
+        }
+        Auth::ActiveDirectoryDefault { client_id } => {
+            TokenSource::default_chain(client_id.clone(), SQL_SCOPE, timeout).map(Some)
         }
     }
 }

@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
-use super::aad::TokenSource;
 use super::sql;
+use crate::entra::TokenSource;
 
 /// The tiberius client over a tokio TCP stream.
 pub type Client = tiberius::Client<Compat<TcpStream>>;

@@ -1,15 +1,18 @@
-//! Entra ID access tokens for Azure SQL, from Microsoft's `azure_identity`
-//! credentials (`Authentication=Active Directory Managed Identity|Default`).
+//! Entra ID access tokens, for Azure SQL (the store) and Azure Redis (the
+//! guard), from Microsoft's `azure_identity` credentials.
 //!
-//! Why the official crate: the keywords then mean what they mean in
+//! Why the official crate: the settings then mean what they mean in
 //! Microsoft's drivers (Microsoft.Data.SqlClient, ODBC, JDBC) — managed
 //! identity on App Service / Functions and VMs, workload identity on AKS,
 //! the developer's `az login` locally — and the request shapes, retries and
 //! platform quirks are Microsoft's to keep right.
 //!
-//! Every token is requested for the scope [`SQL_SCOPE`]
-//! (`https://database.windows.net/.default`; the managed-identity endpoints
-//! are asked for the resource `https://database.windows.net`).
+//! A [`TokenSource`] asks for one scope: [`SQL_SCOPE`]
+//! (`https://database.windows.net/.default`) for the store, [`REDIS_SCOPE`]
+//! (`https://redis.azure.com/.default`) for the guard; the managed-identity
+//! endpoints are asked for the scope's resource. Which credential: for SQL,
+//! the connection string's `Authentication` keyword; for Redis,
+//! `REDIS_AUTH=entra-id` takes the `Active Directory Default` chain below.
 //!
 //! **`Active Directory Managed Identity`** (alias `Active Directory MSI`):
 //! `ManagedIdentityCredential`. The crate picks the endpoint from the
@@ -39,7 +42,7 @@
 //! variables), no Visual Studio / VS Code / PowerShell / shared-cache
 //! credentials, and the Instance Metadata Service is asked last, after the
 //! developer tools, so a developer's machine is not held up probing it
-//! (each link is bounded by SQL_CONNECT_TIMEOUT_SECONDS). Any failure moves
+//! (each link is bounded by the connect timeout). Any failure moves
 //! on to the next link (.NET stops at a credential that is present but
 //! fails). As in .NET, once a link has given a token it is the only one used
 //! from then on.
@@ -70,10 +73,10 @@ use azure_identity::{
 };
 use tokio::sync::Mutex;
 
-use super::connstr::Auth;
-
 /// The scope of an Azure SQL access token.
 pub const SQL_SCOPE: &str = "https://database.windows.net/.default";
+/// The scope of an Azure Cache for Redis / Azure Managed Redis token.
+pub const REDIS_SCOPE: &str = "https://redis.azure.com/.default";
 /// A kept token is replaced this long before it expires (the crate's own
 /// caches use the same margin).
 pub const REFRESH_MARGIN: Duration = Duration::from_secs(300);
@@ -252,7 +255,7 @@ impl TokenCredential for ChainCredential {
                     Ok(token) => {
                         self.chosen.store(index, Ordering::Release);
                         log::info!(
-                            "Entra ID: {} gave the Azure SQL token; it is the one used from now on",
+                            "Entra ID: {} gave the token; it is the one used from now on",
                             link.name
                         );
                         return Ok(token);
@@ -270,10 +273,11 @@ impl TokenCredential for ChainCredential {
 
 // ------------------------------------------------------------ the source
 
-/// The Azure SQL tokens of one store: a credential, the last token kept
-/// until [`REFRESH_MARGIN`] before it expires, and what to fix on failure.
+/// The tokens of one scope: a credential, the last token kept until
+/// [`REFRESH_MARGIN`] before it expires, and what to fix on failure.
 pub struct TokenSource {
     credential: Arc<dyn TokenCredential>,
+    scope: &'static str,
     description: String,
     hint: String,
     timeout: Duration,
@@ -284,21 +288,25 @@ impl fmt::Debug for TokenSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TokenSource")
             .field("credential", &self.description)
+            .field("scope", &self.scope)
             .finish_non_exhaustive()
     }
 }
 
 impl TokenSource {
-    /// Tokens from any credential (tests use this with their own). Each
-    /// request is bounded by `timeout`; `hint` is appended to its errors.
+    /// Tokens of `scope` from any credential (tests use this with their
+    /// own). Each request is bounded by `timeout`; `hint` is appended to its
+    /// errors.
     pub fn new(
         credential: Arc<dyn TokenCredential>,
+        scope: &'static str,
         description: impl Into<String>,
         hint: impl Into<String>,
         timeout: Duration,
     ) -> TokenSource {
         TokenSource {
             credential,
+            scope,
             description: description.into(),
             hint: hint.into(),
             timeout,
@@ -306,24 +314,11 @@ impl TokenSource {
         }
     }
 
-    /// The source for a connection string's `Authentication`: `None` for a
-    /// SQL login. Reads the environment now (which managed-identity
-    /// endpoint, which links of the chain); sends nothing yet.
-    pub fn for_auth(auth: &Auth, timeout: Duration) -> Result<Option<TokenSource>, TokenError> {
-        match auth {
-            Auth::SqlPassword { .. } => Ok(None),
-            Auth::ManagedIdentity { client_id } => {
-                Self::managed_identity(client_id.clone(), timeout).map(Some)
-            }
-            Auth::ActiveDirectoryDefault { client_id } => {
-                Self::default_chain(client_id.clone(), timeout).map(Some)
-            }
-        }
-    }
-
-    /// `Authentication=Active Directory Managed Identity`.
+    /// A managed identity's tokens (SQL's `Authentication=Active Directory
+    /// Managed Identity`): `client_id` names a user-assigned one.
     pub fn managed_identity(
         client_id: Option<String>,
+        scope: &'static str,
         timeout: Duration,
     ) -> Result<TokenSource, TokenError> {
         check_identity_env()?;
@@ -349,13 +344,20 @@ impl TokenSource {
                 ),
             )
         };
-        Ok(TokenSource::new(credential, description, hint, timeout))
+        Ok(TokenSource::new(
+            credential,
+            scope,
+            description,
+            hint,
+            timeout,
+        ))
     }
 
-    /// `Authentication=Active Directory Default`: the chain described in the
-    /// module documentation, built from the environment as it is now.
+    /// The `Active Directory Default` chain described in the module
+    /// documentation, built from the environment as it is now.
     pub fn default_chain(
         client_id: Option<String>,
+        scope: &'static str,
         timeout: Duration,
     ) -> Result<TokenSource, TokenError> {
         check_identity_env()?;
@@ -365,6 +367,7 @@ impl TokenSource {
         let description = format!("Active Directory Default (tries {})", tried.join(", then "));
         Ok(TokenSource::new(
             Arc::new(chain),
+            scope,
             description,
             "on Azure enable a managed identity for the app (workload identity on AKS); \
              locally sign in with `az login` (or `azd auth login`)",
@@ -380,23 +383,28 @@ impl TokenSource {
     /// A token valid for at least [`REFRESH_MARGIN`], the kept one when
     /// possible.
     pub async fn token(&self) -> Result<String, TokenError> {
+        self.token_until().await.map(|(token, _)| token)
+    }
+
+    /// [`TokenSource::token`] and when it expires.
+    pub async fn token_until(&self) -> Result<(String, OffsetDateTime), TokenError> {
         let mut cached = self.cached.lock().await;
         let now = OffsetDateTime::now_utc();
         if let Some(t) = cached.as_ref() {
             if t.expires_on > now + REFRESH_MARGIN {
-                return Ok(t.token.secret().to_string());
+                return Ok((t.token.secret().to_string(), t.expires_on));
             }
         }
         match self.fetch().await {
             Ok(fresh) => {
-                let token = fresh.token.secret().to_string();
+                let kept = (fresh.token.secret().to_string(), fresh.expires_on);
                 *cached = Some(fresh);
-                Ok(token)
+                Ok(kept)
             }
             Err(e) => match cached.as_ref() {
                 Some(t) if t.expires_on > now + Duration::from_secs(5) => {
                     log::warn!("{e}; using the kept token until it expires");
-                    Ok(t.token.secret().to_string())
+                    Ok((t.token.secret().to_string(), t.expires_on))
                 }
                 _ => Err(e),
             },
@@ -404,7 +412,8 @@ impl TokenSource {
     }
 
     async fn fetch(&self) -> Result<AccessToken, TokenError> {
-        let asked = self.credential.get_token(&[SQL_SCOPE], None);
+        let scopes = [self.scope];
+        let asked = self.credential.get_token(&scopes, None);
         let failed = |what: String| {
             TokenError(format!(
                 "{} failed: {what}; {}",
@@ -416,7 +425,7 @@ impl TokenSource {
             Ok(Ok(_)) => Err(failed("the credential gave an empty token".into())),
             Ok(Err(e)) => Err(failed(describe(&e))),
             Err(_) => Err(failed(format!(
-                "no token within {} ms (SQL_CONNECT_TIMEOUT_SECONDS)",
+                "no token within {} ms (the connect timeout)",
                 self.timeout.as_millis()
             ))),
         }
