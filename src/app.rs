@@ -11,8 +11,9 @@ use futures::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::config::{Config, GuardConfig, StoreConfig};
-use crate::guard::{IdempotencyGuard, MemoryGuard, RedisGuard, Topology};
+use crate::config::{Config, GuardConfig, RedisAuth, StoreConfig};
+use crate::entra::{TokenSource, REDIS_SCOPE};
+use crate::guard::{EntraCredentials, IdempotencyGuard, MemoryGuard, RedisGuard, Topology};
 use crate::processor::{Outcome, OutcomeKind, Processor};
 use crate::store::{OrderStore, SqlServerStore, SqliteStore};
 
@@ -35,6 +36,10 @@ pub fn init_tls() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
+/// How long one Entra ID token request for Redis may take (per link of the
+/// credential chain): an identity endpoint is slower than a Redis call.
+const ENTRA_TOKEN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The guard the configuration asks for.
 pub fn build_guard(config: &Config) -> anyhow::Result<Arc<dyn IdempotencyGuard>> {
     init_tls();
@@ -43,19 +48,30 @@ pub fn build_guard(config: &Config) -> anyhow::Result<Arc<dyn IdempotencyGuard>>
             config.guard_settings.clone(),
             config.memory_guard_max_completed,
         )),
-        GuardConfig::Redis { url, cluster } => Arc::new(
-            RedisGuard::with_topology(
-                url,
-                if *cluster {
-                    Topology::Cluster
-                } else {
-                    Topology::Single
-                },
-                config.guard_settings.clone(),
-                config.redis_timeout,
+        GuardConfig::Redis { url, cluster, auth } => {
+            let entra = match auth {
+                RedisAuth::AccessKey => None,
+                RedisAuth::EntraId { client_id } => Some(EntraCredentials::start(
+                    TokenSource::default_chain(client_id.clone(), REDIS_SCOPE, ENTRA_TOKEN_TIMEOUT)
+                        .context("REDIS_AUTH")?,
+                )),
+            };
+            let topology = if *cluster {
+                Topology::Cluster
+            } else {
+                Topology::Single
+            };
+            Arc::new(
+                RedisGuard::connect(
+                    url,
+                    topology,
+                    entra,
+                    config.guard_settings.clone(),
+                    config.redis_timeout,
+                )
+                .context("REDIS_URL")?,
             )
-            .context("REDIS_URL")?,
-        ),
+        }
     })
 }
 
@@ -89,16 +105,26 @@ pub fn describe(config: &Config) -> String {
         GuardConfig::Redis {
             url,
             cluster: false,
-        } => format!("redis ({})", redact_url(url)),
-        GuardConfig::Redis { url, cluster: true } => {
-            format!("redis cluster ({})", redact_url(url))
-        }
+            auth,
+        } => format!("redis ({}{})", redact_url(url), auth_note(auth)),
+        GuardConfig::Redis {
+            url,
+            cluster: true,
+            auth,
+        } => format!("redis cluster ({}{})", redact_url(url), auth_note(auth)),
     };
     let store = match &config.store {
         StoreConfig::Sqlite { path } => format!("sqlite ({})", path.display()),
         StoreConfig::SqlServer { .. } => "sqlserver".to_string(),
     };
     format!("guard={guard} store={store}")
+}
+
+fn auth_note(auth: &RedisAuth) -> &'static str {
+    match auth {
+        RedisAuth::AccessKey => "",
+        RedisAuth::EntraId { .. } => ", Entra ID",
+    }
 }
 
 /// `scheme://host:port` of a Redis URL, without credentials.

@@ -42,7 +42,23 @@ pub enum GuardConfig {
     /// A redis-rs URL (`redis://…` or `rediss://…`); `cluster` when
     /// `REDIS_CLUSTER=true`: the URL is one node of an OSS cluster (the
     /// others are found from it), reached with redis-rs' cluster client.
-    Redis { url: String, cluster: bool },
+    Redis {
+        url: String,
+        cluster: bool,
+        auth: RedisAuth,
+    },
+}
+
+/// How the guard authenticates to Redis (`REDIS_AUTH`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisAuth {
+    /// `access-key` (the default): the URL's password, if any.
+    AccessKey,
+    /// `entra-id`: Entra ID tokens from the `Active Directory Default` chain
+    /// (workload identity, the app's managed identity, `az`/`azd`, the
+    /// Instance Metadata Service); `client_id` (`REDIS_CLIENT_ID`) names a
+    /// user-assigned identity.
+    EntraId { client_id: Option<String> },
 }
 
 /// Where the orders live. `Debug` never shows the connection string.
@@ -58,10 +74,11 @@ impl std::fmt::Debug for GuardConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             GuardConfig::Memory => f.write_str("Memory"),
-            GuardConfig::Redis { url, cluster } => f
+            GuardConfig::Redis { url, cluster, auth } => f
                 .debug_struct("Redis")
                 .field("url", &without_credentials(url))
                 .field("cluster", cluster)
+                .field("auth", auth)
                 .finish(),
         }
     }
@@ -193,11 +210,26 @@ impl Config {
                     "is true but REDIS_URL is not set: give one node of the cluster in REDIS_URL",
                 )),
                 None => GuardConfig::Memory,
-                Some(v) => GuardConfig::Redis {
-                    url: redis_url(&v)?,
-                    cluster,
-                },
+                Some(v) => {
+                    let url = redis_url(&v)?;
+                    let auth = redis_auth(val("REDIS_AUTH"), val("REDIS_CLIENT_ID"), &url)?;
+                    GuardConfig::Redis { url, cluster, auth }
+                }
             };
+        if matches!(guard, GuardConfig::Memory) {
+            let entra = val("REDIS_AUTH").is_some_and(|a| a.eq_ignore_ascii_case("entra-id"));
+            for (var, set) in [
+                ("REDIS_AUTH", entra),
+                ("REDIS_CLIENT_ID", val("REDIS_CLIENT_ID").is_some()),
+            ] {
+                if set {
+                    return Err(err(
+                        var,
+                        "asks for Entra ID for Redis but REDIS_URL is not set: set REDIS_URL to the cache, or remove this setting",
+                    ));
+                }
+            }
+        }
         let prefix = get("GUARD_KEY_PREFIX").unwrap_or_else(|| "orden:".into());
         if prefix.is_empty()
             || prefix
@@ -467,6 +499,39 @@ fn allowed(v: Option<String>) -> Result<bool, ConfigError> {
         Some(other) => Err(err(
             "ORDER_GUARD_ALLOW_EMBEDDED_STATE",
             format!("expected true or false, got {other:?}"),
+        )),
+    }
+}
+
+/// `REDIS_AUTH` and `REDIS_CLIENT_ID` for the (already checked) `url`.
+fn redis_auth(
+    auth: Option<String>,
+    client_id: Option<String>,
+    url: &str,
+) -> Result<RedisAuth, ConfigError> {
+    match auth.map(|a| a.to_ascii_lowercase()).as_deref() {
+        None | Some("access-key") => match client_id {
+            Some(_) => Err(err(
+                "REDIS_CLIENT_ID",
+                "names a user-assigned identity for REDIS_AUTH=entra-id, but REDIS_AUTH is not entra-id",
+            )),
+            None => Ok(RedisAuth::AccessKey),
+        },
+        Some("entra-id") => {
+            let parsed = redis::parse_redis_url(url);
+            let user = parsed.as_ref().is_some_and(|u| !u.username().is_empty());
+            let password = parsed.as_ref().is_some_and(|u| u.password().is_some());
+            if user || password {
+                return Err(err(
+                    "REDIS_URL",
+                    "carries a user name or password, but REDIS_AUTH=entra-id takes both from the Entra ID token (the identity's object id and the token): remove them from the URL (the value is not shown)",
+                ));
+            }
+            Ok(RedisAuth::EntraId { client_id })
+        }
+        Some(other) => Err(err(
+            "REDIS_AUTH",
+            format!("expected access-key (the password in REDIS_URL: an access key) or entra-id (Microsoft Entra ID tokens of the app's identity, Azure Managed Redis' default), got {other:?}"),
         )),
     }
 }
@@ -1072,7 +1137,8 @@ mod tests {
             c.guard,
             GuardConfig::Redis {
                 url: "redis://cache:6379".into(),
-                cluster: false
+                cluster: false,
+                auth: RedisAuth::AccessKey,
             }
         );
         let azure =
@@ -1082,7 +1148,8 @@ mod tests {
             c.guard,
             GuardConfig::Redis {
                 url: "rediss://:S3cretKey@amr.westeurope.redis.azure.net:10000".into(),
-                cluster: true
+                cluster: true,
+                auth: RedisAuth::AccessKey,
             }
         );
         let e = config(&[("REDIS_URL", azure), ("REDIS_CLUSTER", "yes")]).unwrap_err();
@@ -1094,6 +1161,53 @@ mod tests {
             let e = config(&[("GUARD_KEY_PREFIX", bad)]).unwrap_err();
             assert_eq!(e.var, "GUARD_KEY_PREFIX", "{bad}");
         }
+    }
+
+    #[test]
+    fn redis_auth_selects_entra_id_tokens_instead_of_an_access_key() {
+        let amr = "amr.westeurope.redis.azure.net:10000,ssl=True";
+        let c = config(&[("REDIS_URL", amr), ("REDIS_AUTH", "entra-id")]).unwrap();
+        assert_eq!(
+            c.guard,
+            GuardConfig::Redis {
+                url: "rediss://amr.westeurope.redis.azure.net:10000".into(),
+                cluster: false,
+                auth: RedisAuth::EntraId { client_id: None },
+            }
+        );
+        let c = config(&[
+            ("REDIS_URL", amr),
+            ("REDIS_AUTH", "Entra-ID"),
+            ("REDIS_CLIENT_ID", "uai-client"),
+        ])
+        .unwrap();
+        assert!(matches!(
+            c.guard,
+            GuardConfig::Redis { auth: RedisAuth::EntraId { client_id: Some(ref id) }, .. } if id == "uai-client"
+        ));
+        let c = config(&[("REDIS_URL", amr), ("REDIS_AUTH", "access-key")]).unwrap();
+        assert!(matches!(c.guard, GuardConfig::Redis { auth: RedisAuth::AccessKey, .. }));
+        // A password beside the token is a mistake, and never echoed.
+        for url in [
+            "rediss://:S3cretKey@amr.westeurope.redis.azure.net:10000",
+            "amr.westeurope.redis.azure.net:10000,password=S3cretKey,ssl=True",
+            "rediss://someone@amr.westeurope.redis.azure.net:10000",
+        ] {
+            let e = config(&[("REDIS_URL", url), ("REDIS_AUTH", "entra-id")]).unwrap_err();
+            assert_eq!(e.var, "REDIS_URL", "{url}");
+            assert!(e.to_string().contains("remove them"), "{e}");
+            assert!(!e.to_string().contains("S3cretKey"), "{e}");
+        }
+        let e = config(&[("REDIS_URL", amr), ("REDIS_AUTH", "aad")]).unwrap_err();
+        assert_eq!(e.var, "REDIS_AUTH");
+        assert!(e.to_string().contains("entra-id"), "{e}");
+        let e = config(&[("REDIS_URL", amr), ("REDIS_CLIENT_ID", "x")]).unwrap_err();
+        assert_eq!(e.var, "REDIS_CLIENT_ID");
+        let e = config(&[("REDIS_AUTH", "entra-id")]).unwrap_err();
+        assert_eq!(e.var, "REDIS_AUTH");
+        assert!(e.to_string().contains("REDIS_URL is not set"), "{e}");
+        // The example settings' `access-key` with no cache is the default.
+        assert!(config(&[("REDIS_AUTH", "access-key")]).is_ok());
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! `release` deletes only its own token, and its `complete` records only
 //! what the store made true.
 
+mod entra;
 mod memory;
 mod redis;
 
@@ -30,6 +31,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use self::entra::{object_id, EntraCredentials};
 pub use self::memory::{MemoryGuard, MEMORY_GUARD_MAX_COMPLETED};
 pub use self::redis::{RedisGuard, Topology};
 

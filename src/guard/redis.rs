@@ -25,6 +25,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::Script;
 
+use super::entra::EntraCredentials;
 use super::{
     classify_existing, Acquisition, GuardEntry, GuardError, GuardSettings, IdempotencyGuard, Token,
     COMPLETED,
@@ -192,16 +193,32 @@ impl RedisGuard {
         settings: GuardSettings,
         timeout: Duration,
     ) -> Result<RedisGuard, GuardError> {
+        RedisGuard::connect(url, topology, None, settings, timeout)
+    }
+
+    /// [`RedisGuard::with_topology`], authenticating with Entra ID tokens
+    /// when `entra` is given (the URL then carries no password), every live
+    /// connection re-authenticated as tokens rotate.
+    pub fn connect(
+        url: &str,
+        topology: Topology,
+        entra: Option<EntraCredentials>,
+        settings: GuardSettings,
+        timeout: Duration,
+    ) -> Result<RedisGuard, GuardError> {
         let client =
             redis::Client::open(url).map_err(|e| GuardError(format!("invalid Redis URL: {e}")))?;
         let endpoint = client.get_connection_info().addr().to_string();
         let conn = match topology {
             Topology::Single => {
-                let config = ConnectionManagerConfig::new()
+                let mut config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeout))
                     .set_response_timeout(Some(timeout))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(500));
+                if let Some(entra) = entra {
+                    config = config.set_credentials_provider(entra);
+                }
                 Conn::Single(
                     ConnectionManager::new_lazy_with_config(client, config).map_err(|e| {
                         GuardError(format!("cannot set up the Redis connection: {e}"))
@@ -212,12 +229,17 @@ impl RedisGuard {
                 // redis-rs' defaults wait 1.28 s or more before a retry,
                 // longer than a guard call may take: retry soon, few times,
                 // and let our timeout bound the whole call.
-                let client = ClusterClientBuilder::new(vec![client.get_connection_info().clone()])
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(3)
-                    .min_retry_wait(10)
-                    .max_retry_wait(timeout.as_millis().clamp(20, 500) as u64)
+                let mut builder =
+                    ClusterClientBuilder::new(vec![client.get_connection_info().clone()])
+                        .connection_timeout(timeout)
+                        .response_timeout(timeout)
+                        .retries(3)
+                        .min_retry_wait(10)
+                        .max_retry_wait(timeout.as_millis().clamp(20, 500) as u64);
+                if let Some(entra) = entra {
+                    builder = builder.set_credentials_provider(entra);
+                }
+                let client = builder
                     .build()
                     .map_err(|e| GuardError(format!("invalid Redis cluster settings: {e}")))?;
                 Conn::Cluster(
