@@ -1186,7 +1186,13 @@ mod tests {
             GuardConfig::Redis { auth: RedisAuth::EntraId { client_id: Some(ref id) }, .. } if id == "uai-client"
         ));
         let c = config(&[("REDIS_URL", amr), ("REDIS_AUTH", "access-key")]).unwrap();
-        assert!(matches!(c.guard, GuardConfig::Redis { auth: RedisAuth::AccessKey, .. }));
+        assert!(matches!(
+            c.guard,
+            GuardConfig::Redis {
+                auth: RedisAuth::AccessKey,
+                ..
+            }
+        ));
         // A password beside the token is a mistake, and never echoed.
         for url in [
             "rediss://:S3cretKey@amr.westeurope.redis.azure.net:10000",

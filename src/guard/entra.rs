@@ -183,7 +183,10 @@ mod tests {
     #[test]
     fn the_user_name_is_the_tokens_object_id() {
         let oid = "6f1c7a36-0e3b-4b8e-9a55-1d2c3b4a5f60";
-        assert_eq!(object_id(&jwt(&format!(r#"{{"oid":"{oid}"}}"#))).unwrap(), oid);
+        assert_eq!(
+            object_id(&jwt(&format!(r#"{{"oid":"{oid}"}}"#))).unwrap(),
+            oid
+        );
         for (token, why) in [
             ("opaque-token", "not a JWT"),
             ("a.!!!.c", "not base64url"),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod azurite;
+pub mod identity;
 pub mod proxy;
 
 use order_guard::guard::{GuardSettings, IdempotencyGuard, MemoryGuard, RedisGuard};

@@ -9,11 +9,9 @@
 //! The store's behaviour against a real server is the conformance suite
 //! (`tests/store_conformance.rs`, with `ORDER_GUARD_TEST_MSSQL`).
 
-use std::collections::HashMap;
-use std::ffi::OsString;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use azure_core::credentials::{AccessToken, TokenCredential, TokenRequestOptions};
 use azure_core::time::OffsetDateTime;
@@ -32,6 +30,9 @@ use sqlparser::dialect::MsSqlDialect;
 use sqlparser::parser::Parser;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+#[path = "../common/identity.rs"]
+mod identity;
 
 mod classification;
 mod connection_strings;
