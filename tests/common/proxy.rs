@@ -135,7 +135,7 @@ async fn pipe(
     let writer = async move {
         while let Some((due, chunk)) = rx.recv().await {
             if !delay.is_zero() {
-                tokio::time::sleep_until(due).await;
+                sleep_until_precisely(due).await;
             }
             if to.write_all(&chunk).await.is_err() {
                 break;
@@ -144,4 +144,15 @@ async fn pipe(
         let _ = to.shutdown().await;
     };
     tokio::join!(reader, writer);
+}
+
+/// Wait until `due` to within tens of microseconds. tokio's timer counts in
+/// whole milliseconds (a 1 ms sleep waits 1-2 ms), which made the delay
+/// line add up to twice its nominal delay; a blocking-pool thread's own
+/// sleep does not.
+async fn sleep_until_precisely(due: tokio::time::Instant) {
+    let left = due.saturating_duration_since(tokio::time::Instant::now());
+    if !left.is_zero() {
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(left)).await;
+    }
 }
