@@ -11,6 +11,8 @@ pub(crate) struct Tally {
     pub(crate) connection_errors: AtomicU64,
     pub(crate) timeouts: AtomicU64,
     pub(crate) undelivered: AtomicU64,
+    /// Events dead-lettered after a short budget.
+    pub(crate) dead_lettered: AtomicU64,
     /// `executed` answers per order: more than one would be a double execution.
     pub(crate) executed_answers: Mutex<HashMap<usize, u32>>,
     /// Acknowledged conflict / poison deliveries per event.
@@ -41,6 +43,8 @@ pub(crate) struct Driver {
     pub(crate) problems: Problems,
     pub(crate) stats: Arc<FleetStats>,
     pub(crate) poison: Vec<PoisonEvent>,
+    /// Where exhausted short-budget deliveries are dead-lettered.
+    pub(crate) dead_letters: Arc<order_guard::deadletter::Container>,
 }
 
 pub(crate) fn backoff(attempt: u32, rng: &mut StdRng) -> Duration {
@@ -87,7 +91,8 @@ impl Driver {
         // found the order held by the dead worker's reservation.
         let mut died_at: Option<Instant> = None;
         let mut blocked = false;
-        for attempt in 0..MAX_ATTEMPTS {
+        let mut last_status = 0;
+        for attempt in 0..d.max_attempts {
             let slot = rng.gen_range(0..self.ports.len());
             let url = format!("http://127.0.0.1:{}/OrderTrigger", self.ports[slot]);
             self.tally.attempts.fetch_add(1, Ordering::Relaxed);
@@ -113,6 +118,7 @@ impl Driver {
                         return;
                     }
                     Verdict::Failed { status, body } => {
+                        last_status = status;
                         let held = self.judge_failure(&d, status, body.as_ref(), &raw.bytes);
                         blocked |= held && died_at.is_some();
                     }
@@ -140,6 +146,13 @@ impl Driver {
                 }
             }
             tokio::time::sleep(backoff(attempt, &mut rng)).await;
+        }
+        if d.max_attempts < MAX_ATTEMPTS {
+            dead_letter(&self.dead_letters, &d, last_status).await;
+            self.tally
+                .dead_lettered
+                .fetch_add(d.expects.len() as u64, Ordering::Relaxed);
+            return;
         }
         self.tally.undelivered.fetch_add(1, Ordering::Relaxed);
         problem(

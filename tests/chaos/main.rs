@@ -32,6 +32,7 @@
 mod common;
 
 mod audit;
+mod dead_letters;
 mod driver;
 mod fleet;
 mod plan;
@@ -55,6 +56,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use common::{RedisCluster, RedisServer, Verdict};
 
 use audit::*;
+use dead_letters::*;
 use driver::*;
 use fleet::*;
 use plan::*;
@@ -252,8 +254,13 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
 
     let mut rng = StdRng::seed_from_u64(seed);
     let run = format!("{:08x}", seed as u32);
-    let plan = plan(&mut rng, n, &run);
+    let mut plan = plan(&mut rng, n, &run);
     let schedule = chaos_plan(&mut rng, n, plan.spread, engine_restarts, cluster);
+    // Short retry budgets from a generator of their own: a seed's plan and
+    // schedule stay what they were before dead letters existed.
+    let short = shorten_budgets(&mut plan, &mut StdRng::seed_from_u64(seed ^ 0xdead_1e77));
+    let azurite = common::azurite::Azurite::start();
+    let dead_letters = Arc::new(azurite.container(CONTAINER).await);
 
     // The handlers.
     let stats = Arc::new(FleetStats::default());
@@ -263,6 +270,7 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
     let mut ports = Vec::new();
     let mut ready = Vec::new();
     let mut supervisors = Vec::new();
+    let mut sweep_env = Vec::new();
     for slot in 0..HANDLERS {
         let port = common::free_port();
         let mut env = common::handler_env(port, dir.path());
@@ -286,6 +294,11 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
             ("FAILPOINTS", FAILPOINTS.into()),
         ] {
             env.push((k.to_string(), v));
+        }
+        if slot == 0 {
+            sweep_env = env.clone();
+            sweep_env.push(("DEAD_LETTER_STORAGE".into(), azurite.connection_string()));
+            sweep_env.push(("DEAD_LETTER_CONTAINER".into(), CONTAINER.into()));
         }
         let (kill_tx, kill_rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = oneshot::channel();
@@ -337,6 +350,7 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
         problems: Arc::clone(&problems),
         stats: Arc::clone(&stats),
         poison: plan.poison.clone(),
+        dead_letters: Arc::clone(&dead_letters),
     });
     let chaos_stats = Arc::new(ChaosStats::default());
     let chaos = tokio::spawn(run_chaos(
@@ -360,10 +374,48 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
     chaos.await.expect("chaos schedule");
     let elapsed = started.elapsed();
 
-    // Stop the handlers before reading the database.
+    // Stop the handlers, replay the dead letters as an operator (or the
+    // timer function) would, then read the database.
     stop_tx.send_replace(true);
     for s in supervisors {
         let _ = s.await;
+    }
+    let swept = sweep(&binary, &sweep_env, dir.path()).await;
+    {
+        let index: HashMap<&str, usize> = plan
+            .orders
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (o.id.as_str(), i))
+            .collect();
+        let mut answers = driver.tally.executed_answers.lock().unwrap();
+        for id in &swept.executed {
+            match index.get(id.as_str()) {
+                Some(i) => *answers.entry(*i).or_default() += 1,
+                None => problem(
+                    &problems,
+                    format!("the sweep executed {id:?}, not an order of the plan"),
+                ),
+            }
+        }
+    }
+    let field = |k: &str| swept.fields.get(k).copied().unwrap_or(0);
+    let dead_lettered = driver.tally.dead_lettered.load(Ordering::Relaxed);
+    let replayed = field("executed") + field("duplicates") + field("conflicts") + field("rejected");
+    if !swept.succeeded
+        || field("events") != dead_lettered
+        || replayed != dead_lettered
+        || field("moved") != field("blobs")
+    {
+        problem(
+            &problems,
+            format!(
+                "the dead-letter sweep after {dead_lettered} dead-lettered events ended `{}` (exit {}):\n{}",
+                swept.summary,
+                if swept.succeeded { "0" } else { "non-zero" },
+                swept.output.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+            ),
+        );
     }
 
     let tables = db.tables().await;
@@ -421,7 +473,7 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
         "chaos: store={store_name} cache={cache_name} seed={seed} orders={n} deliveries={deliveries} attempts={} kills={} crashes={} \
          redis_restarts={} redis_flushes={} redis_pauses={} failovers={} db_outages={} engine_restarts={} conflicts={}/{} poison={}/{} \
          executed_once={} lost={} double={} mismatched={} positions_wrong={} \
-         orphan_reservations={} undelivered={} timeouts={} start_failures={} \
+         orphan_reservations={} undelivered={} short_budgets={short} dead_lettered={dead_lettered} replayed={replayed} replay_executed={} replay_duplicates={} timeouts={} start_failures={} \
          orphan_waits={} orphan_wait_median={:.1}s orphan_wait_max={:.1}s guard_unavailable_answers={} elapsed={:.1}s{}",
         t.attempts.load(Ordering::Relaxed),
         stats.kills.load(Ordering::Relaxed),
@@ -443,6 +495,8 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
         audit.positions_wrong,
         audit.orphan_reservations,
         t.undelivered.load(Ordering::Relaxed),
+        field("executed"),
+        field("duplicates"),
         t.timeouts.load(Ordering::Relaxed),
         stats.start_failures.load(Ordering::Relaxed),
         waits.len(),

@@ -81,6 +81,9 @@ pub(crate) struct Delivery {
     pub(crate) start_at: Duration,
     /// A late delivery: sent only after this order was acknowledged.
     pub(crate) after_ack_of: Option<usize>,
+    /// Attempts before Event Grid gives up: [`MAX_ATTEMPTS`], or a short
+    /// budget after which the delivery is dead-lettered (`dead_letters`).
+    pub(crate) max_attempts: u32,
 }
 
 pub(crate) struct Plan {
@@ -310,6 +313,7 @@ pub(crate) fn plan(rng: &mut StdRng, n: usize, run: &str) -> Plan {
                 chunked,
                 start_at: Duration::from_millis(start_ms),
                 after_ack_of: is_late.then_some(i),
+                max_attempts: MAX_ATTEMPTS,
             });
         }
         orders.push(o);
@@ -341,6 +345,7 @@ pub(crate) fn plan(rng: &mut StdRng, n: usize, run: &str) -> Plan {
             chunked: false,
             start_at: group.iter().map(|d| d.start_at).min().unwrap(),
             after_ack_of: None,
+            max_attempts: MAX_ATTEMPTS,
         });
     }
 
@@ -360,6 +365,7 @@ pub(crate) fn plan(rng: &mut StdRng, n: usize, run: &str) -> Plan {
                 chunked,
                 start_at: Duration::from_millis(rng.gen_range(0..800)),
                 after_ack_of: Some(order),
+                max_attempts: MAX_ATTEMPTS,
             });
         }
         conflicts.push(ConflictEvent { order, event_id });
@@ -377,6 +383,7 @@ pub(crate) fn plan(rng: &mut StdRng, n: usize, run: &str) -> Plan {
                 chunked: false,
                 start_at: Duration::from_millis(rng.gen_range(0..spread_ms)),
                 after_ack_of: None,
+                max_attempts: MAX_ATTEMPTS,
             });
         }
         poison.push(p);
