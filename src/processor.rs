@@ -16,7 +16,7 @@
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -35,6 +35,7 @@ use crate::finished::{FinishedCacheSettings, FinishedOrders};
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
 use crate::order::{probable_order_id, FractionalNumbers, Order};
 use crate::store::{conflict_reason, Execution, OrderStore, Rejection, RejectionKind, StoreError};
+use crate::telemetry::{EventReport, EventTelemetry, LoadReport, LoadSource, StepTiming};
 
 /// One event's result, as the host and `replay` report it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -155,6 +156,8 @@ pub struct Processor {
     store_id: tokio::sync::OnceCell<String>,
     /// Orders this instance saw finish (`None`: cache off).
     finished: Option<FinishedOrders>,
+    /// Where each event is reported (`None`: telemetry off, nothing timed).
+    telemetry: Option<Arc<EventTelemetry>>,
 }
 
 /// An order and the event it came in, ready for the four steps.
@@ -179,7 +182,14 @@ impl Processor {
             settings,
             counters: Counters::default(),
             store_id: tokio::sync::OnceCell::new(),
+            telemetry: None,
         }
+    }
+
+    /// Report every event to `telemetry` (metrics and spans).
+    pub fn with_telemetry(mut self, telemetry: Option<Arc<EventTelemetry>>) -> Processor {
+        self.telemetry = telemetry;
+        self
     }
 
     pub fn counters(&self) -> CountersSnapshot {
@@ -271,8 +281,21 @@ impl Processor {
             deadline,
         };
         let started = Instant::now();
-        let outcome = self.process_order(&work).await;
+        let mut facts = Facts::new(self.guard.name());
+        let outcome = self.process_order(&work, &mut facts).await;
         self.counters.count(outcome.outcome);
+        if let Some(t) = &self.telemetry {
+            t.event(&EventReport {
+                order_id: Some(&work.order.order_id),
+                event_id: outcome.event_id.as_deref(),
+                outcome: outcome.outcome.as_str(),
+                guard: outcome.guard,
+                decided_by: facts.decided_by,
+                started: facts.arrived,
+                elapsed: started.elapsed(),
+                steps: &facts.steps,
+            });
+        }
         let level = match outcome.outcome {
             OutcomeKind::Executed | OutcomeKind::Duplicate => log::Level::Info,
             OutcomeKind::InProgress | OutcomeKind::Conflict | OutcomeKind::Rejected => {
@@ -308,16 +331,13 @@ impl Processor {
 
     /// The steps, as [`Decision`] orders them: this function only performs
     /// each step and hands its answer back.
-    async fn process_order(&self, w: &Work<'_>) -> Outcome {
-        let mut facts = Facts {
-            token: None,
-            existing: None,
-            failure: None,
-            guard_label: self.guard.name(),
-        };
+    async fn process_order(&self, w: &Work<'_>, facts: &mut Facts) -> Outcome {
         let (mut decision, mut step) =
             Decision::start(self.settings.on_guard_unavailable, self.finished.is_some());
+        let timed = self.telemetry.is_some();
         loop {
+            let began = timed.then(|| (SystemTime::now(), Instant::now()));
+            let facts = &mut *facts;
             let reply = match step {
                 Step::Answer(kind, why) => {
                     if let Some(finished) = &self.finished {
@@ -325,13 +345,13 @@ impl Processor {
                             finished.remember(&w.order.order_id, w.order.fingerprint());
                         }
                     }
-                    return self.answer(w, kind, why, &facts);
+                    return self.answer(w, kind, why, facts);
                 }
-                Step::Recall => self.recall(w, &mut facts),
-                Step::Acquire => self.acquire(w, &mut facts).await,
-                Step::ReadRow => self.read_row(w, &mut facts).await,
-                Step::Execute => self.execute(w, &mut facts).await,
-                Step::StoreConflict => self.store_conflict(w, &mut facts).await,
+                Step::Recall => self.recall(w, facts),
+                Step::Acquire => self.acquire(w, facts).await,
+                Step::ReadRow => self.read_row(w, facts).await,
+                Step::Execute => self.execute(w, facts).await,
+                Step::StoreConflict => self.store_conflict(w, facts).await,
                 Step::MarkCompleted => {
                     if tokio::time::timeout_at(w.deadline, self.mark_completed(w))
                         .await
@@ -350,6 +370,18 @@ impl Processor {
                     Reply::Done
                 }
             };
+            if let Some((at, t0)) = began {
+                facts.steps.push(StepTiming {
+                    step: step_name(step),
+                    component: match step {
+                        Step::Recall => RECALLED,
+                        Step::Acquire | Step::MarkCompleted | Step::Release => self.guard.name(),
+                        _ => self.store.name(),
+                    },
+                    started: at,
+                    elapsed: t0.elapsed(),
+                });
+            }
             (decision, step) = decision.next(&reply);
         }
     }
@@ -371,6 +403,7 @@ impl Processor {
         }
         if facts.guard_label == RECALLED {
             self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            facts.decided_by = RECALLED;
         }
         Reply::Recalled(verdict)
     }
@@ -388,6 +421,9 @@ impl Processor {
             }
             Acquisition::TakenOver(t) => {
                 self.counters.takeovers.fetch_add(1, Ordering::Relaxed);
+                if let Some(t) = &self.telemetry {
+                    t.takeover();
+                }
                 log::warn!(
                     "order {}: took over a reservation whose owner passed its deadline (a worker killed or stuck); the store decides what is left to do",
                     order.order_id
@@ -396,6 +432,7 @@ impl Processor {
                 Reply::Acquired { taken_over: true }
             }
             Acquisition::Completed { fingerprint } => {
+                facts.decided_by = self.guard.name();
                 let ours = self.store_identity(w.deadline).await;
                 let verdict = completed_verdict(fingerprint.as_deref(), ours, order.fingerprint());
                 if let CompletedVerdict::Conflict(fp) = &verdict {
@@ -403,12 +440,21 @@ impl Processor {
                 }
                 Reply::Completed(verdict)
             }
-            Acquisition::InProgress => Reply::Held,
+            Acquisition::InProgress => {
+                facts.decided_by = self.guard.name();
+                Reply::Held
+            }
             Acquisition::Unavailable(why) => {
                 self.counters
                     .guard_unavailable
                     .fetch_add(1, Ordering::Relaxed);
                 facts.guard_label = "unavailable";
+                if let Some(t) = &self.telemetry {
+                    t.guard_unavailable(match self.settings.on_guard_unavailable {
+                        GuardPolicy::Proceed => "proceed",
+                        GuardPolicy::Retry => "retry",
+                    });
+                }
                 if self.settings.on_guard_unavailable == GuardPolicy::Proceed {
                     log::warn!(
                         "order {}: guard unavailable ({why}); proceeding on the store's unique index",
@@ -428,8 +474,15 @@ impl Processor {
         let row = tokio::time::timeout_at(w.deadline, self.store.order(&w.order.order_id)).await;
         let row = match row {
             Ok(Ok(row)) => row,
-            Ok(Err(_)) | Err(_) => None,
+            Ok(Err(e)) => {
+                self.store_error("read_row", &e);
+                None
+            }
+            Err(_) => None,
         };
+        if row.is_some() {
+            facts.decided_by = STORE;
+        }
         // The row's fingerprint in the current version: a row stored under
         // an older normalization is fingerprinted again from its columns.
         let current = row.as_ref().map(|r| (r.current_fingerprint(), r.status));
@@ -462,6 +515,7 @@ impl Processor {
                 Ok(execution)
             })
             .await;
+        facts.decided_by = STORE;
         match executed {
             Ok(execution) => {
                 match &execution {
@@ -476,6 +530,7 @@ impl Processor {
                 Reply::Executed(execution)
             }
             Err(e) => {
+                self.store_error("execute", &e);
                 facts.failure = Some(e.to_string());
                 Reply::Failed
             }
@@ -489,6 +544,7 @@ impl Processor {
         match self.reject_by(&rejection, w.deadline).await {
             Ok(()) => Reply::Stored,
             Err(e) => {
+                self.store_error("reject", &e);
                 facts.failure = Some(e.to_string());
                 Reply::Failed
             }
@@ -549,6 +605,9 @@ impl Processor {
         let marker = completion_marker(store_id, order.fingerprint());
         if let Err(e) = self.guard.complete(&order.order_id, &marker).await {
             self.counters.guard_errors.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = &self.telemetry {
+                t.guard_error("complete");
+            }
             log::warn!(
                 "order {}: done, but the guard was not marked {}: {e}",
                 order.order_id,
@@ -581,6 +640,10 @@ impl Processor {
         reason: String,
         deadline: Instant,
     ) -> Outcome {
+        let arrived = self
+            .telemetry
+            .as_ref()
+            .map(|_| (SystemTime::now(), Instant::now()));
         let rejection = Rejection {
             kind: RejectionKind::Poison,
             order_id: order_id.clone(),
@@ -592,11 +655,32 @@ impl Processor {
         };
         let (kind, reason) = match self.reject_by(&rejection, deadline).await {
             Ok(()) => (OutcomeKind::Rejected, reason),
-            Err(e) => (
-                OutcomeKind::Retry,
-                format!("{reason}; and the rejection could not be stored ({e})"),
-            ),
+            Err(e) => {
+                self.store_error("reject", &e);
+                (
+                    OutcomeKind::Retry,
+                    format!("{reason}; and the rejection could not be stored ({e})"),
+                )
+            }
         };
+        if let (Some(t), Some((at, t0))) = (&self.telemetry, arrived) {
+            let elapsed = t0.elapsed();
+            t.event(&EventReport {
+                order_id: order_id.as_deref(),
+                event_id: event_id.as_deref().map(shown).as_deref(),
+                outcome: kind.as_str(),
+                guard: self.guard.name(),
+                decided_by: "none",
+                started: at,
+                elapsed,
+                steps: &[StepTiming {
+                    step: "reject",
+                    component: self.store.name(),
+                    started: at,
+                    elapsed,
+                }],
+            });
+        }
         // Stored whole above; answered and logged bounded.
         let event_id = event_id.as_deref().map(shown);
         self.counters.count(kind);
@@ -613,6 +697,17 @@ impl Processor {
             outcome: kind,
             reason: Some(reason),
             guard: self.guard.name(),
+        }
+    }
+
+    /// A failed store call, counted by operation and kind.
+    fn store_error(&self, operation: &'static str, e: &StoreError) {
+        if let Some(t) = &self.telemetry {
+            let kind = match e {
+                StoreError::Transient(_) => "transient",
+                StoreError::Permanent(_) => "permanent",
+            };
+            t.store_error(operation, kind);
         }
     }
 
@@ -651,6 +746,9 @@ impl Processor {
         .await;
         if let Err(e) = released {
             self.counters.guard_errors.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = &self.telemetry {
+                t.guard_error("release");
+            }
             log::warn!(
                 "order {}: reservation not released ({e}); it expires by its TTL",
                 order.order_id
@@ -677,6 +775,12 @@ impl Processor {
 
 /// What one event's steps learned that its later steps and its answer need.
 struct Facts {
+    /// When the event's steps began (for its span).
+    arrived: SystemTime,
+    /// Who decided the answer (see `EventReport::decided_by`).
+    decided_by: &'static str,
+    /// The steps, timed (only while telemetry is on).
+    steps: Vec<StepTiming>,
     /// Our reservation, while we hold one.
     token: Option<Token>,
     /// The fingerprint of the other order using this id.
@@ -685,6 +789,37 @@ struct Facts {
     failure: Option<String>,
     /// Which guard decided: `redis`, `memory`, `unavailable` or [`RECALLED`].
     guard_label: &'static str,
+}
+
+impl Facts {
+    fn new(guard_label: &'static str) -> Facts {
+        Facts {
+            arrived: SystemTime::now(),
+            decided_by: "none",
+            steps: Vec::new(),
+            token: None,
+            existing: None,
+            failure: None,
+            guard_label,
+        }
+    }
+}
+
+/// The `decided_by` of an answer the store gave.
+const STORE: &str = "store";
+
+/// A step's name in telemetry.
+fn step_name(step: Step) -> &'static str {
+    match step {
+        Step::Recall => "recall",
+        Step::Acquire => "acquire",
+        Step::ReadRow => "read_row",
+        Step::Execute => "execute",
+        Step::StoreConflict => "store_conflict",
+        Step::MarkCompleted => "complete",
+        Step::Release => "release",
+        Step::Answer(..) => "answer",
+    }
 }
 
 /// ` reason="…"` in a log line's `key=value` tail (nothing without a reason).
@@ -706,4 +841,18 @@ pub const RECALLED: &str = "cache";
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
 fn fault(point: &str, arg: Option<String>) -> StoreError {
     StoreError::Transient(faults::crash_or_error(point, arg))
+}
+
+/// The processor's load for telemetry's gauges: its cache and its store.
+impl LoadSource for Processor {
+    fn load(&self) -> LoadReport {
+        let store = self.store.load();
+        LoadReport {
+            cache: self.finished.as_ref().map(FinishedOrders::size),
+            pool: store
+                .pool
+                .map(|(open, idle)| (self.store.name(), open, idle)),
+            writer: store.writer,
+        }
+    }
 }

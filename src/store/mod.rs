@@ -291,4 +291,20 @@ pub trait OrderStore: Send + Sync {
 
     /// Rejected events stored for an order id (`None`: those without an id).
     async fn rejections(&self, order_id: Option<&str>) -> Result<Vec<RejectedRecord>, StoreError>;
+
+    /// What the store can show of its load, for telemetry's gauges (no I/O;
+    /// nothing by default).
+    fn load(&self) -> StoreLoad {
+        StoreLoad::default()
+    }
+}
+
+/// A store's load, read without I/O (`OrderStore::load`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreLoad {
+    /// The connection pool: connections open, of which idle (SQL Server).
+    pub pool: Option<(u64, u64)>,
+    /// The writer's queue: calls refused because it was full, calls skipped
+    /// because their caller had stopped waiting; cumulative (SQLite).
+    pub writer: Option<(u64, u64)>,
 }

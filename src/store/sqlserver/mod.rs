@@ -717,4 +717,15 @@ impl OrderStore for SqlServerStore {
             rejections_on(client, order_id)
         })
     }
+
+    fn load(&self) -> super::StoreLoad {
+        let state = self.pool.state();
+        super::StoreLoad {
+            pool: Some((
+                u64::from(state.connections),
+                u64::from(state.idle_connections),
+            )),
+            writer: None,
+        }
+    }
 }
