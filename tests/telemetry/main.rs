@@ -12,7 +12,6 @@ use std::time::Duration;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::{json, Value};
 
-#[allow(dead_code)]
 #[path = "../common/mod.rs"]
 mod common;
 mod receiver;
