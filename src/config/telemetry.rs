@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::{err, parse_num, ConfigError};
-use crate::telemetry::{OtlpSettings, TelemetrySettings};
+use crate::telemetry::{AppInsightsSettings, OtlpSettings, TelemetrySettings};
 
 /// The settings, through `val` (trimmed, empty as unset).
 pub(super) fn telemetry(
@@ -60,9 +60,14 @@ pub(super) fn telemetry(
             })
         }
     };
+    let application_insights = val("APPLICATIONINSIGHTS_CONNECTION_STRING")
+        .map(|v| application_insights(&v))
+        .transpose()?
+        .filter(|_| !disabled);
     Ok(TelemetrySettings {
         service_name: val("OTEL_SERVICE_NAME").unwrap_or(defaults.service_name),
         otlp,
+        application_insights,
         metric_interval,
         span_queue,
     })
@@ -90,6 +95,46 @@ fn endpoint(v: &str) -> Result<String, ConfigError> {
         ));
     }
     Ok(v.trim_end_matches('/').to_string())
+}
+
+/// Application Insights' connection string (`Key=Value;…`, keys in any
+/// case): it must hold an `InstrumentationKey`; its `IngestionEndpoint` (or
+/// the default one) is what the logs show. Neither the string nor the key
+/// ever appears in a message.
+fn application_insights(v: &str) -> Result<AppInsightsSettings, ConfigError> {
+    const VAR: &str = "APPLICATIONINSIGHTS_CONNECTION_STRING";
+    let mut key = None;
+    let mut endpoint = None;
+    for part in v.split(';').filter(|p| !p.trim().is_empty()) {
+        let (k, value) = part.split_once('=').ok_or_else(|| {
+            err(VAR, "expected Key=Value pairs separated by ';', as the Azure portal shows it (the value is not shown)")
+        })?;
+        match k.trim().to_ascii_lowercase().as_str() {
+            "instrumentationkey" => key = Some(value.trim()),
+            "ingestionendpoint" => endpoint = Some(value.trim().trim_end_matches('/')),
+            _ => {}
+        }
+    }
+    if key.is_none_or(str::is_empty) {
+        return Err(err(
+            VAR,
+            "has no InstrumentationKey: copy the whole connection string of the Application Insights resource (the value is not shown)",
+        ));
+    }
+    let ingestion_endpoint = match endpoint {
+        Some(e) if e.starts_with("https://") || e.starts_with("http://") => e.to_string(),
+        Some(_) => {
+            return Err(err(
+                VAR,
+                "its IngestionEndpoint is not an https:// URL (the value is not shown)",
+            ))
+        }
+        None => "https://dc.services.visualstudio.com (the default)".to_string(),
+    };
+    Ok(AppInsightsSettings {
+        connection_string: v.to_string(),
+        ingestion_endpoint,
+    })
 }
 
 /// `key=value,key=value`, values percent-decoded (the OTLP exporter
@@ -193,6 +238,45 @@ mod tests {
             let e = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", bad)]).unwrap_err();
             assert_eq!(e.var, "OTEL_EXPORTER_OTLP_ENDPOINT", "{bad}");
             assert!(!e.problem.contains("key=1") && !e.problem.contains("user:key"));
+        }
+    }
+
+    const CONNECTION: &str = "InstrumentationKey=0f1e2d3c-aaaa-bbbb-cccc-123456789abc;IngestionEndpoint=https://westeurope-5.in.applicationinsights.azure.com/;LiveEndpoint=https://westeurope.livediagnostics.monitor.azure.com/";
+
+    #[test]
+    fn application_insights_from_its_connection_string() {
+        let s = settings(&[("APPLICATIONINSIGHTS_CONNECTION_STRING", CONNECTION)]).unwrap();
+        let ai = s
+            .application_insights
+            .clone()
+            .expect("Application Insights");
+        assert_eq!(
+            ai.ingestion_endpoint,
+            "https://westeurope-5.in.applicationinsights.azure.com"
+        );
+        assert_eq!(ai.connection_string, CONNECTION);
+        assert!(s.otlp.is_none());
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("0f1e2d3c"), "{shown}");
+        let off = settings(&[
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", CONNECTION),
+            ("OTEL_SDK_DISABLED", "true"),
+        ])
+        .unwrap();
+        assert!(off.application_insights.is_none());
+    }
+
+    #[test]
+    fn a_connection_string_without_a_key_is_refused_unshown() {
+        for bad in [
+            "IngestionEndpoint=https://x.in.applicationinsights.azure.com/",
+            "InstrumentationKey=;IngestionEndpoint=https://x",
+            "0f1e2d3c-aaaa-bbbb-cccc-123456789abc",
+            "InstrumentationKey=0f1e2d3c;IngestionEndpoint=x.example",
+        ] {
+            let e = settings(&[("APPLICATIONINSIGHTS_CONNECTION_STRING", bad)]).unwrap_err();
+            assert_eq!(e.var, "APPLICATIONINSIGHTS_CONNECTION_STRING");
+            assert!(!e.problem.contains("0f1e2d3c"), "{e}");
         }
     }
 

@@ -37,6 +37,8 @@ pub struct TelemetrySettings {
     pub service_name: String,
     /// The OTLP/HTTP collector, if one is configured.
     pub otlp: Option<OtlpSettings>,
+    /// Application Insights, if a connection string is set.
+    pub application_insights: Option<AppInsightsSettings>,
     /// How often metrics are exported (`OTEL_METRIC_EXPORT_INTERVAL`).
     pub metric_interval: Duration,
     /// At most this many finished spans wait for export; past it, spans
@@ -49,6 +51,7 @@ impl Default for TelemetrySettings {
         TelemetrySettings {
             service_name: "order-guard".into(),
             otlp: None,
+            application_insights: None,
             metric_interval: Duration::from_secs(60),
             span_queue: 2048,
         }
@@ -69,11 +72,33 @@ pub struct OtlpSettings {
     pub timeout: Duration,
 }
 
+/// Application Insights, reached with its connection string
+/// (`APPLICATIONINSIGHTS_CONNECTION_STRING`, which the Functions platform
+/// sets for every app with Application Insights enabled).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AppInsightsSettings {
+    /// The whole connection string: it holds the instrumentation key, so it
+    /// is never shown (not by `Debug`, not in a log line).
+    pub connection_string: String,
+    /// Where the telemetry goes (its `IngestionEndpoint`), for the logs.
+    pub ingestion_endpoint: String,
+}
+
+impl std::fmt::Debug for AppInsightsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppInsightsSettings")
+            .field("connection_string", &"(not shown)")
+            .field("ingestion_endpoint", &self.ingestion_endpoint)
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for TelemetrySettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TelemetrySettings")
             .field("service_name", &self.service_name)
             .field("otlp", &self.otlp)
+            .field("application_insights", &self.application_insights)
             .field("metric_interval", &self.metric_interval)
             .field("span_queue", &self.span_queue)
             .finish()
@@ -103,17 +128,39 @@ impl Telemetry {
     /// none. An exporter that cannot be built (a malformed endpoint) is an
     /// error: the start stops, naming it.
     pub fn start(settings: &TelemetrySettings) -> Result<Option<Telemetry>, TelemetryError> {
-        let Some(otlp) = &settings.otlp else {
+        Telemetry::start_with(settings, export::blocking_client)
+    }
+
+    /// [`Telemetry::start`] with the Application Insights exporter's HTTP
+    /// client made by `client` (the tests give one that reaches a local
+    /// endpoint in the shape of the ingestion API over plain HTTP).
+    pub fn start_with<C, F>(
+        settings: &TelemetrySettings,
+        client: F,
+    ) -> Result<Option<Telemetry>, TelemetryError>
+    where
+        C: opentelemetry_http::HttpClient + Clone + 'static,
+        F: FnOnce() -> Result<C, TelemetryError>,
+    {
+        if settings.otlp.is_none() && settings.application_insights.is_none() {
             return Ok(None);
-        };
-        let providers = export::Providers::otlp(settings, otlp)?;
+        }
+        let providers = export::Providers::new(settings, client)?;
         let events = Arc::new(EventTelemetry::new(providers.meter(), providers.tracer()));
-        log::info!(
-            "telemetry: OTLP/HTTP to {} and {} (metrics every {} s)",
-            otlp.traces_endpoint,
-            otlp.metrics_endpoint,
-            settings.metric_interval.as_secs_f64()
-        );
+        let every = settings.metric_interval.as_secs_f64();
+        if let Some(otlp) = &settings.otlp {
+            log::info!(
+                "telemetry: OTLP/HTTP to {} and {} (metrics every {every} s)",
+                otlp.traces_endpoint,
+                otlp.metrics_endpoint,
+            );
+        }
+        if let Some(ai) = &settings.application_insights {
+            log::info!(
+                "telemetry: Application Insights at {} (metrics every {every} s)",
+                ai.ingestion_endpoint
+            );
+        }
         Ok(Some(Telemetry { providers, events }))
     }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::{json, Value};
 
+mod app_insights;
 #[path = "../common/mod.rs"]
 mod common;
 mod receiver;
