@@ -279,3 +279,43 @@ async fn an_exporter_at_a_closed_port_changes_no_answer() {
         "{without}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_degraded_decision_is_counted() {
+    // Redis refuses connections; GUARD_UNAVAILABLE=proceed (the default)
+    // lets the store's unique index decide alone.
+    let collector = Receiver::start();
+    let summary = replay(
+        &json!([event("e-1", order("o-1", "7"))]),
+        &[
+            ("REDIS_URL", format!("redis://127.0.0.1:{}", closed_port())),
+            ("REDIS_TIMEOUT_MS", "200".into()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+        ],
+    )
+    .await;
+    assert!(summary.contains("executed=1"), "{summary}");
+    let metrics = collector.last_metrics();
+    assert_eq!(
+        points(&metrics["order_guard.guard.unavailable"]),
+        vec![(attrs(&[("order_guard.policy", "proceed")]), 1)]
+    );
+    assert_eq!(
+        points(&metrics["order_guard.events"]),
+        vec![(
+            attrs(&[
+                ("messaging.system", "eventgrid"),
+                ("order_guard.decided_by", "store"),
+                ("order_guard.outcome", "executed"),
+            ]),
+            1
+        )]
+    );
+    let spans = collector.spans();
+    let parents = event_spans(&spans);
+    assert_eq!(parents.len(), 1, "{spans:#?}");
+    assert_eq!(
+        attributes(&parents[0].attributes)["order_guard.guard"],
+        "unavailable"
+    );
+}
