@@ -35,7 +35,10 @@ use crate::finished::{FinishedCacheSettings, FinishedOrders};
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
 use crate::order::{probable_order_id, FractionalNumbers, Order};
 use crate::store::{conflict_reason, Execution, OrderStore, Rejection, RejectionKind, StoreError};
-use crate::telemetry::{EventReport, EventTelemetry, LoadReport, LoadSource, StepTiming};
+use crate::telemetry::{EventTelemetry, StepTiming};
+
+mod report;
+use report::STORE;
 
 /// One event's result, as the host and `replay` report it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -281,21 +284,10 @@ impl Processor {
             deadline,
         };
         let started = Instant::now();
-        let mut facts = Facts::new(self.guard.name());
+        let mut facts = Facts::new(self.guard.name(), self.telemetry.is_some());
         let outcome = self.process_order(&work, &mut facts).await;
         self.counters.count(outcome.outcome);
-        if let Some(t) = &self.telemetry {
-            t.event(&EventReport {
-                order_id: Some(&work.order.order_id),
-                event_id: outcome.event_id.as_deref(),
-                outcome: outcome.outcome.as_str(),
-                guard: outcome.guard,
-                decided_by: facts.decided_by,
-                started: facts.arrived,
-                elapsed: started.elapsed(),
-                steps: &facts.steps,
-            });
-        }
+        self.report_order(&work.order.order_id, &outcome, &facts, started);
         let level = match outcome.outcome {
             OutcomeKind::Executed | OutcomeKind::Duplicate => log::Level::Info,
             OutcomeKind::InProgress | OutcomeKind::Conflict | OutcomeKind::Rejected => {
@@ -337,7 +329,6 @@ impl Processor {
         let timed = self.telemetry.is_some();
         loop {
             let began = timed.then(|| (SystemTime::now(), Instant::now()));
-            let facts = &mut *facts;
             let reply = match step {
                 Step::Answer(kind, why) => {
                     if let Some(finished) = &self.finished {
@@ -370,17 +361,8 @@ impl Processor {
                     Reply::Done
                 }
             };
-            if let Some((at, t0)) = began {
-                facts.steps.push(StepTiming {
-                    step: step_name(step),
-                    component: match step {
-                        Step::Recall => RECALLED,
-                        Step::Acquire | Step::MarkCompleted | Step::Release => self.guard.name(),
-                        _ => self.store.name(),
-                    },
-                    started: at,
-                    elapsed: t0.elapsed(),
-                });
+            if let Some(began) = began {
+                facts.steps.push(self.timing(step, began));
             }
             (decision, step) = decision.next(&reply);
         }
@@ -663,23 +645,8 @@ impl Processor {
                 )
             }
         };
-        if let (Some(t), Some((at, t0))) = (&self.telemetry, arrived) {
-            let elapsed = t0.elapsed();
-            t.event(&EventReport {
-                order_id: order_id.as_deref(),
-                event_id: event_id.as_deref().map(shown).as_deref(),
-                outcome: kind.as_str(),
-                guard: self.guard.name(),
-                decided_by: "none",
-                started: at,
-                elapsed,
-                steps: &[StepTiming {
-                    step: "reject",
-                    component: self.store.name(),
-                    started: at,
-                    elapsed,
-                }],
-            });
+        if let Some(arrived) = arrived {
+            self.report_poison(order_id.as_deref(), event_id.as_deref(), kind, arrived);
         }
         // Stored whole above; answered and logged bounded.
         let event_id = event_id.as_deref().map(shown);
@@ -697,17 +664,6 @@ impl Processor {
             outcome: kind,
             reason: Some(reason),
             guard: self.guard.name(),
-        }
-    }
-
-    /// A failed store call, counted by operation and kind.
-    fn store_error(&self, operation: &'static str, e: &StoreError) {
-        if let Some(t) = &self.telemetry {
-            let kind = match e {
-                StoreError::Transient(_) => "transient",
-                StoreError::Permanent(_) => "permanent",
-            };
-            t.store_error(operation, kind);
         }
     }
 
@@ -775,8 +731,8 @@ impl Processor {
 
 /// What one event's steps learned that its later steps and its answer need.
 struct Facts {
-    /// When the event's steps began (for its span).
-    arrived: SystemTime,
+    /// When the event's steps began (for its span; only while telemetry is on).
+    arrived: Option<SystemTime>,
     /// Who decided the answer (see `EventReport::decided_by`).
     decided_by: &'static str,
     /// The steps, timed (only while telemetry is on).
@@ -789,37 +745,6 @@ struct Facts {
     failure: Option<String>,
     /// Which guard decided: `redis`, `memory`, `unavailable` or [`RECALLED`].
     guard_label: &'static str,
-}
-
-impl Facts {
-    fn new(guard_label: &'static str) -> Facts {
-        Facts {
-            arrived: SystemTime::now(),
-            decided_by: "none",
-            steps: Vec::new(),
-            token: None,
-            existing: None,
-            failure: None,
-            guard_label,
-        }
-    }
-}
-
-/// The `decided_by` of an answer the store gave.
-const STORE: &str = "store";
-
-/// A step's name in telemetry.
-fn step_name(step: Step) -> &'static str {
-    match step {
-        Step::Recall => "recall",
-        Step::Acquire => "acquire",
-        Step::ReadRow => "read_row",
-        Step::Execute => "execute",
-        Step::StoreConflict => "store_conflict",
-        Step::MarkCompleted => "complete",
-        Step::Release => "release",
-        Step::Answer(..) => "answer",
-    }
 }
 
 /// ` reason="…"` in a log line's `key=value` tail (nothing without a reason).
@@ -841,18 +766,4 @@ pub const RECALLED: &str = "cache";
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
 fn fault(point: &str, arg: Option<String>) -> StoreError {
     StoreError::Transient(faults::crash_or_error(point, arg))
-}
-
-/// The processor's load for telemetry's gauges: its cache and its store.
-impl LoadSource for Processor {
-    fn load(&self) -> LoadReport {
-        let store = self.store.load();
-        LoadReport {
-            cache: self.finished.as_ref().map(FinishedOrders::size),
-            pool: store
-                .pool
-                .map(|(open, idle)| (self.store.name(), open, idle)),
-            writer: store.writer,
-        }
-    }
 }
