@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::{Facts, Outcome, OutcomeKind, Processor, Step, StoreError, RECALLED};
 use crate::finished::FinishedOrders;
-use crate::telemetry::{EventReport, LoadReport, LoadSource, StepTiming};
+use crate::telemetry::{EventReport, LoadReport, LoadSource, PoolReport, StepTiming};
 
 /// The `decided_by` of an answer the store gave.
 pub(super) const STORE: &str = "store";
@@ -127,9 +127,13 @@ impl LoadSource for Processor {
         let store = self.store.load();
         LoadReport {
             cache: self.finished.as_ref().map(FinishedOrders::size),
-            pool: store
-                .pool
-                .map(|(open, idle)| (self.store.name(), open, idle)),
+            pool: store.pool.map(|p| PoolReport {
+                system: self.store.name(),
+                open: p.open,
+                idle: p.idle,
+                pending: p.pending,
+                timeouts: p.timeouts,
+            }),
             writer: store.writer,
         }
     }

@@ -299,11 +299,24 @@ pub trait OrderStore: Send + Sync {
     }
 }
 
+/// A connection pool's state (bb8's), read without I/O.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolLoad {
+    /// Connections open, idle or in use.
+    pub open: u64,
+    /// Of which idle.
+    pub idle: u64,
+    /// Callers waiting for a connection now.
+    pub pending: u64,
+    /// Callers that stopped waiting at the connect timeout (cumulative).
+    pub timeouts: u64,
+}
+
 /// A store's load, read without I/O (`OrderStore::load`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreLoad {
-    /// The connection pool: connections open, of which idle (SQL Server).
-    pub pool: Option<(u64, u64)>,
+    /// The connection pool (SQL Server).
+    pub pool: Option<PoolLoad>,
     /// The writer's queue: calls refused because it was full, calls skipped
     /// because their caller had stopped waiting; cumulative (SQLite).
     pub writer: Option<(u64, u64)>,

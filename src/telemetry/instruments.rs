@@ -247,18 +247,39 @@ fn db_system(component: &str) -> Option<&'static str> {
 pub struct LoadReport {
     /// This instance's cache of finished orders: entries and weighted bytes.
     pub cache: Option<(u64, u64)>,
-    /// A connection pool: (`db.system.name` of its database, connections
-    /// open, of which idle).
-    pub pool: Option<(&'static str, u64, u64)>,
+    /// A connection pool.
+    pub pool: Option<PoolReport>,
     /// The SQLite writer's queue: calls refused because it was full, calls
     /// skipped because their caller had stopped waiting (cumulative).
     pub writer: Option<(u64, u64)>,
+}
+
+/// A connection pool's state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolReport {
+    /// Its database (`sqlserver`: `db.system.name` = `microsoft.sql_server`).
+    pub system: &'static str,
+    /// Connections open, of which `idle`.
+    pub open: u64,
+    pub idle: u64,
+    /// Callers waiting for a connection now.
+    pub pending: u64,
+    /// Callers that stopped waiting at the connect timeout (cumulative).
+    pub timeouts: u64,
 }
 
 /// Something whose load telemetry observes (the processor: its cache and
 /// its store).
 pub trait LoadSource: Send + Sync {
     fn load(&self) -> LoadReport;
+}
+
+/// `db.system.name` and `db.client.connection.pool.name` of a pool.
+fn pool_attributes(p: &PoolReport) -> [KeyValue; 2] {
+    [
+        KeyValue::new("db.system.name", db_system(p.system).unwrap_or(p.system)),
+        KeyValue::new("db.client.connection.pool.name", "order-guard"),
+    ]
 }
 
 /// Register the observable instruments of `source`'s load.
@@ -291,16 +312,36 @@ pub(super) fn observe(meter: &Meter, source: Arc<dyn LoadSource>) {
         .with_unit("{connection}")
         .with_description("Connections of the store's pool, by state")
         .with_callback(move |o| {
-            if let Some((system, open, idle)) = s.load().pool {
+            if let Some(p) = s.load().pool {
                 let attributes = |state| {
-                    [
-                        KeyValue::new("db.system.name", db_system(system).unwrap_or(system)),
-                        KeyValue::new("db.client.connection.pool.name", "order-guard"),
-                        KeyValue::new("db.client.connection.state", state),
-                    ]
+                    let mut a = pool_attributes(&p).to_vec();
+                    a.push(KeyValue::new("db.client.connection.state", state));
+                    a
                 };
-                o.observe(idle, &attributes("idle"));
-                o.observe(open.saturating_sub(idle), &attributes("used"));
+                o.observe(p.idle, &attributes("idle"));
+                o.observe(p.open.saturating_sub(p.idle), &attributes("used"));
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_gauge("db.client.connection.pending_requests")
+        .with_unit("{request}")
+        .with_description("Callers waiting for a connection of the store's pool")
+        .with_callback(move |o| {
+            if let Some(p) = s.load().pool {
+                o.observe(p.pending, &pool_attributes(&p));
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_counter("db.client.connection.timeouts")
+        .with_unit("{timeout}")
+        .with_description("Callers that stopped waiting for a connection at the connect timeout")
+        .with_callback(move |o| {
+            if let Some(p) = s.load().pool {
+                o.observe(p.timeouts, &pool_attributes(&p));
             }
         })
         .build();

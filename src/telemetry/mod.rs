@@ -28,7 +28,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use instruments::{EventReport, EventTelemetry, LoadReport, LoadSource, StepTiming};
+pub use instruments::{
+    EventReport, EventTelemetry, LoadReport, LoadSource, PoolReport, StepTiming,
+};
 
 /// What to export, built by `config` from the standard `OTEL_*` variables.
 #[derive(Clone, PartialEq, Eq)]
@@ -205,4 +207,41 @@ pub async fn with_invocation_id<F: Future>(id: Option<Arc<str>>, f: F) -> F::Out
 /// The invocation id of the current task, if the host sent one.
 pub fn invocation_id() -> Option<Arc<str>> {
     INVOCATION_ID.try_with(Clone::clone).ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_configured_starts_nothing() {
+        let started = Telemetry::start(&TelemetrySettings::default()).expect("no error");
+        assert!(started.is_none(), "an exporter ran with nothing configured");
+    }
+
+    #[test]
+    fn secrets_are_not_in_debug() {
+        let settings = TelemetrySettings {
+            otlp: Some(OtlpSettings {
+                traces_endpoint: "http://c/v1/traces".into(),
+                metrics_endpoint: "http://c/v1/metrics".into(),
+                headers: vec![("api-key".into(), "s3cret".into())],
+                timeout: Duration::from_secs(1),
+            }),
+            application_insights: Some(AppInsightsSettings {
+                connection_string: "InstrumentationKey=0f1e2d3c".into(),
+                ingestion_endpoint: "https://x".into(),
+            }),
+            ..TelemetrySettings::default()
+        };
+        let shown = format!("{settings:?}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("0f1e2d3c"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("api-key") && shown.contains("https://x"),
+            "{shown}"
+        );
+    }
 }

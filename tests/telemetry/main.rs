@@ -319,3 +319,71 @@ async fn a_degraded_decision_is_counted() {
         "unavailable"
     );
 }
+
+/// The "done when": one replay of `samples/events.json` (every
+/// form of delivery the host may send) gives counters, durations and spans
+/// that agree with the replay's own summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_samples_replay_exports_what_it_answered() {
+    let redis = common::RedisServer::start();
+    let collector = Receiver::start();
+    let samples: Value = serde_json::from_str(include_str!("../../samples/events.json")).unwrap();
+    let summary = replay(
+        &samples,
+        &[
+            ("REDIS_URL", redis.url()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+        ],
+    )
+    .await;
+    let field = |name: &str| -> i64 {
+        summary
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}= in {summary:?}"))
+    };
+    assert_eq!(field("unresolved"), 0, "{summary}");
+    let metrics = collector.last_metrics();
+    let events = points(&metrics["order_guard.events"]);
+    let counted = |outcome: &str| -> i64 {
+        events
+            .iter()
+            .filter(|(a, _)| a["order_guard.outcome"] == outcome)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    assert_eq!(
+        counted("executed"),
+        field("executed"),
+        "{summary} {events:?}"
+    );
+    assert_eq!(
+        counted("duplicate"),
+        field("duplicates"),
+        "{summary} {events:?}"
+    );
+    assert_eq!(
+        counted("conflict"),
+        field("conflicts"),
+        "{summary} {events:?}"
+    );
+    assert_eq!(
+        counted("rejected"),
+        field("rejected"),
+        "{summary} {events:?}"
+    );
+    let answered: i64 = events.iter().map(|(_, n)| n).sum();
+    assert_eq!(
+        answered,
+        field("events") + field("retries"),
+        "{summary} {events:?}"
+    );
+    let durations: u64 = histogram_counts(&metrics["messaging.process.duration"])
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(durations as i64, answered);
+    let spans = collector.spans();
+    assert_eq!(event_spans(&spans).len() as i64, answered, "{spans:#?}");
+}

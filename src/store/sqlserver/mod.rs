@@ -721,10 +721,12 @@ impl OrderStore for SqlServerStore {
     fn load(&self) -> super::StoreLoad {
         let state = self.pool.state();
         super::StoreLoad {
-            pool: Some((
-                u64::from(state.connections),
-                u64::from(state.idle_connections),
-            )),
+            pool: Some(super::PoolLoad {
+                open: u64::from(state.connections),
+                idle: u64::from(state.idle_connections),
+                pending: state.statistics.pending_gets(),
+                timeouts: state.statistics.get_timed_out,
+            }),
             writer: None,
         }
     }
