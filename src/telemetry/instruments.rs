@@ -18,6 +18,9 @@ use opentelemetry_sdk::trace::Tracer;
 
 /// The function whose events these are (`messaging.destination.name`).
 const DESTINATION: &str = "OrderTrigger";
+/// The event's span name, as the conventions make it:
+/// `{messaging.operation.name} {messaging.destination.name}`.
+const SPAN_NAME: &str = "process OrderTrigger";
 
 /// `messaging.system` of every event (semantic conventions' value for Event Grid).
 fn system() -> KeyValue {
@@ -141,11 +144,14 @@ impl EventTelemetry {
             ],
         );
         for step in report.steps {
-            let mut attributes = vec![KeyValue::new("order_guard.step", step.step)];
-            if let Some(system) = db_system(step.component) {
-                attributes.push(KeyValue::new("db.system.name", system));
+            let name = KeyValue::new("order_guard.step", step.step);
+            let seconds = step.elapsed.as_secs_f64();
+            match db_system(step.component) {
+                Some(system) => self
+                    .steps
+                    .record(seconds, &[name, KeyValue::new("db.system.name", system)]),
+                None => self.steps.record(seconds, &[name]),
             }
-            self.steps.record(step.elapsed.as_secs_f64(), &attributes);
         }
         self.span(report);
     }
@@ -173,7 +179,7 @@ impl EventTelemetry {
         }
         let mut span = self
             .tracer
-            .span_builder(format!("process {DESTINATION}"))
+            .span_builder(SPAN_NAME)
             .with_kind(SpanKind::Consumer)
             .with_start_time(report.started)
             .with_attributes(attributes)
