@@ -155,6 +155,8 @@ pub fn routes_with(
                     let processor = Arc::clone(&processor);
                     let sweep = Arc::clone(&sweep);
                     async move {
+                        // Read only for telemetry's spans: nothing when it is off.
+                        let id = id.filter(|_| processor.reports_telemetry());
                         let invoked = invoke(&processor, &sweep, &function, length, body, limits);
                         let response =
                             match crate::telemetry::with_invocation_id(invocation_id(id), invoked)

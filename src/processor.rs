@@ -195,6 +195,12 @@ impl Processor {
         self
     }
 
+    /// Whether events are reported to telemetry (what is read only for it,
+    /// such as the host's invocation id, is skipped when not).
+    pub fn reports_telemetry(&self) -> bool {
+        self.telemetry.is_some()
+    }
+
     pub fn counters(&self) -> CountersSnapshot {
         self.counters.snapshot()
     }
