@@ -189,15 +189,19 @@ impl EventTelemetry {
         }
         let cx = Context::current_with_span(span);
         for step in report.steps {
+            // A call to Redis or a database is a client span; the cache's
+            // recall and the memory guard are in-process.
             let mut attributes = vec![KeyValue::new("order_guard.component", step.component)];
+            let mut kind = SpanKind::Internal;
             if let Some(system) = db_system(step.component) {
                 attributes.push(KeyValue::new("db.system.name", system));
                 attributes.push(KeyValue::new("db.operation.name", step.step));
+                kind = SpanKind::Client;
             }
             let mut child = self
                 .tracer
                 .span_builder(step.step)
-                .with_kind(SpanKind::Internal)
+                .with_kind(kind)
                 .with_start_time(step.started)
                 .with_attributes(attributes)
                 .start_with_context(&self.tracer, &cx);

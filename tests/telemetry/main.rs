@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::time::Duration;
 
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use serde_json::{json, Value};
 
@@ -206,12 +207,21 @@ async fn a_replay_exports_outcomes_durations_and_a_span_per_event() {
     }
     // The first delivery's steps are its children, in order.
     let first = parents[0];
-    let children: Vec<&str> = spans
+    let children: Vec<(&str, SpanKind)> = spans
         .iter()
         .filter(|s| s.parent_span_id == first.span_id && s.trace_id == first.trace_id)
-        .map(|s| s.name.as_str())
+        .map(|s| (s.name.as_str(), s.kind()))
         .collect();
-    assert_eq!(children, vec!["recall", "acquire", "execute", "complete"]);
+    assert_eq!(
+        children,
+        vec![
+            ("recall", SpanKind::Internal),
+            ("acquire", SpanKind::Client),
+            ("execute", SpanKind::Client),
+            ("complete", SpanKind::Client),
+        ]
+    );
+    assert_eq!(first.kind(), SpanKind::Consumer);
     assert!(collector.service_names().iter().all(|n| n == "orders-test"));
 }
 
