@@ -540,14 +540,19 @@ pub async fn dead_letters_replay(
     options: &crate::deadletter::SweepOptions,
 ) -> anyhow::Result<crate::deadletter::SweepSummary> {
     let container = dead_letter_container(config)?;
-    let processor = build_processor(config).await?;
+    let telemetry = start_telemetry(config)?;
+    let processor = build_processor_with(config, telemetry.as_ref()).await?;
     println!(
         "replaying dead letters from {} ({})",
         container.describe(),
         describe(config)
     );
     let progress = crate::deadletter::progress::for_stderr();
-    Ok(crate::deadletter::sweep(&processor, &container, options, progress.as_ref()).await?)
+    let swept = crate::deadletter::sweep(&processor, &container, options, progress.as_ref()).await;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
+    Ok(swept?)
 }
 
 /// `dead-letters list`: counts by reason and by the outcome a replay would
