@@ -187,7 +187,7 @@ fn invocation_body(tag: u32, i: u64) -> String {
     let order_id = format!("bench-{tag:08x}-{i:06}");
     let event_id = format!("{tag:08x}-0000-4000-8000-{i:012x}");
     let account = i % 64;
-    let side = if i % 3 == 0 { "sell" } else { "buy" };
+    let side = if i.is_multiple_of(3) { "sell" } else { "buy" };
     let data = format!(
         r#"{{"orderId":"{order_id}","side":"{side}","symbol":"MSFT","quantity":25,"limitPrice":431.15,"currency":"USD","accountId":"acct-{account}","placedAt":"2025-06-14T09:30:02.118Z"}}"#
     );

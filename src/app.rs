@@ -16,16 +16,13 @@ use crate::entra::{TokenSource, REDIS_SCOPE};
 use crate::guard::{EntraCredentials, IdempotencyGuard, MemoryGuard, RedisGuard, Topology};
 use crate::processor::{Outcome, OutcomeKind, Processor};
 use crate::store::{OrderStore, SqlServerStore, SqliteStore};
+use crate::telemetry::Telemetry;
 
-/// Log to **stdout**: the Functions host turns every stderr line into an
-/// Error log. `RUST_LOG` sets the filter (default `info`).
+/// Log each record on the stream that gives it its severity on the
+/// Functions host (`crate::logging`): warnings and errors on stderr, the
+/// rest on stdout. `RUST_LOG` sets the filter (default `info`).
 pub fn init_logging() {
-    let _ = env_logger::Builder::from_env(
-        env_logger::Env::default().default_filter_or("info,tiberius=warn"),
-    )
-    .target(env_logger::Target::Stdout)
-    .format_timestamp_millis()
-    .try_init();
+    crate::logging::init();
 }
 
 /// Install the process's TLS crypto provider (aws-lc-rs) for every rustls
@@ -144,6 +141,20 @@ fn redact_url(url: &str) -> String {
 /// does not stop the handler: the migration goes on in the background and
 /// invocations answer `retry` (Event Grid keeps the events) until it is done.
 pub async fn build_processor(config: &Config) -> anyhow::Result<Arc<Processor>> {
+    build_processor_with(config, None).await
+}
+
+/// The exporters `config.telemetry` asks for (`None`: nothing exported).
+pub fn start_telemetry(config: &Config) -> anyhow::Result<Option<Telemetry>> {
+    Ok(Telemetry::start(&config.telemetry)?)
+}
+
+/// [`build_processor`], reporting to `telemetry` (its events and the
+/// processor's load) when there is one.
+pub async fn build_processor_with(
+    config: &Config,
+    telemetry: Option<&Telemetry>,
+) -> anyhow::Result<Arc<Processor>> {
     let guard = build_checked_guard(config).await?;
     let store = build_store(config).await?;
     match &config.store {
@@ -169,11 +180,14 @@ pub async fn build_processor(config: &Config) -> anyhow::Result<Arc<Processor>> 
             }
         }
     }
-    Ok(Arc::new(Processor::new(
-        guard,
-        store,
-        config.processor.clone(),
-    )))
+    let processor = Arc::new(
+        Processor::new(guard, store, config.processor.clone())
+            .with_telemetry(telemetry.map(Telemetry::events)),
+    );
+    if let Some(t) = telemetry {
+        t.observe(Arc::clone(&processor) as Arc<dyn crate::telemetry::LoadSource>);
+    }
+    Ok(processor)
 }
 
 /// How long a start waits out a database that is briefly busy or locked
@@ -243,7 +257,8 @@ async fn migrate_at_start(store: &dyn OrderStore) -> Result<(), crate::store::St
 
 /// `serve`: listen on 127.0.0.1:$FUNCTIONS_CUSTOMHANDLER_PORT until SIGTERM/SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
-    let processor = build_processor(&config).await?;
+    let telemetry = start_telemetry(&config)?;
+    let processor = build_processor_with(&config, telemetry.as_ref()).await?;
     let container = match &config.dead_letter {
         Some(_) => Some(dead_letter_container(&config)?),
         None => None,
@@ -266,6 +281,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         describe(&config)
     );
     server.await;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
     Ok(())
 }
 
@@ -548,14 +566,19 @@ pub async fn dead_letters_replay(
     options: &crate::deadletter::SweepOptions,
 ) -> anyhow::Result<crate::deadletter::SweepSummary> {
     let container = dead_letter_container(config)?;
-    let processor = build_processor(config).await?;
+    let telemetry = start_telemetry(config)?;
+    let processor = build_processor_with(config, telemetry.as_ref()).await?;
     println!(
         "replaying dead letters from {} ({})",
         container.describe(),
         describe(config)
     );
     let progress = crate::deadletter::progress::for_stderr();
-    Ok(crate::deadletter::sweep(&processor, &container, options, progress.as_ref()).await?)
+    let swept = crate::deadletter::sweep(&processor, &container, options, progress.as_ref()).await;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
+    Ok(swept?)
 }
 
 /// `dead-letters list`: counts by reason and by the outcome a replay would

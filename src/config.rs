@@ -15,6 +15,9 @@ use crate::hosting;
 use crate::order::FractionalNumbers;
 use crate::processor::{GuardPolicy, ProcessorSettings};
 use crate::store::sqlserver::SqlServerSettings;
+use crate::telemetry::TelemetrySettings;
+
+mod telemetry;
 
 /// Default SQLite file when `SQL_CONNECTION_STRING` is empty.
 pub const DEFAULT_SQLITE_PATH: &str = "./order-guard.db";
@@ -160,6 +163,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The dead-letter container the sweep replays (`None`: off).
     pub dead_letter: Option<DeadLetterSettings>,
+    /// Metrics and traces (`OTEL_*`; nothing exported by default).
+    pub telemetry: TelemetrySettings,
 }
 
 /// Default `DEAD_LETTER_CONTAINER`.
@@ -348,6 +353,7 @@ impl Config {
             },
         };
         let dead_letter = dead_letter(val("DEAD_LETTER_STORAGE"), val("DEAD_LETTER_CONTAINER"))?;
+        let telemetry = telemetry::telemetry(&val)?;
         Ok(Config {
             port,
             limits: Limits {
@@ -405,6 +411,7 @@ impl Config {
             },
             shutdown_grace: Duration::from_secs(num("SHUTDOWN_GRACE_SECONDS", 25, 0, 300)?),
             dead_letter,
+            telemetry,
         })
     }
 }

@@ -76,6 +76,11 @@ impl FinishedOrders {
         self.cache.get(order_id)
     }
 
+    /// Entries and weighted bytes now (moka's estimates, for telemetry).
+    pub fn size(&self) -> (u64, u64) {
+        (self.cache.entry_count(), self.cache.weighted_size())
+    }
+
     /// `order_id` is terminal in the store with `fingerprint`.
     pub fn remember(&self, order_id: &str, fingerprint: &str) {
         self.cache

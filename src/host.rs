@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde_json::error::Category;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use warp::http::StatusCode;
+use warp::http::{HeaderValue, StatusCode};
 use warp::{Filter, Rejection, Reply};
 
 use crate::deadletter::function::{SweepFunction, FUNCTION_NAME as SWEEP_FUNCTION};
@@ -138,23 +138,37 @@ pub fn routes_with(
         .and(warp::path("stats"))
         .and(warp::path::end())
         .map(move || warp::reply::json(&stats_processor.counters()).into_response());
-    let invoke = warp::post()
-        .and(warp::path::param::<String>())
-        .and(warp::path::end())
-        .and(warp::header::optional::<u64>("content-length"))
-        .and(warp::body::stream())
-        .and_then(move |function: String, length: Option<u64>, body| {
-            let processor = Arc::clone(&processor);
-            let sweep = Arc::clone(&sweep);
-            async move {
-                let response =
-                    match invoke(&processor, &sweep, &function, length, body, limits).await {
-                        Ok(r) => r,
-                        Err(refusal) => refusal_response(refusal),
-                    };
-                Ok::<_, Rejection>(response)
-            }
-        });
+    let invoke =
+        warp::post()
+            .and(warp::path::param::<String>())
+            .and(warp::path::end())
+            .and(warp::header::optional::<u64>("content-length"))
+            .and(
+                warp::header::value(INVOCATION_ID)
+                    .map(Some)
+                    .or(warp::any().map(|| None))
+                    .unify(),
+            )
+            .and(warp::body::stream())
+            .and_then(
+                move |function: String, length: Option<u64>, id: Option<HeaderValue>, body| {
+                    let processor = Arc::clone(&processor);
+                    let sweep = Arc::clone(&sweep);
+                    async move {
+                        // Read only for telemetry's spans: nothing when it is off.
+                        let id = id.filter(|_| processor.reports_telemetry());
+                        let invoked = invoke(&processor, &sweep, &function, length, body, limits);
+                        let response =
+                            match crate::telemetry::with_invocation_id(invocation_id(id), invoked)
+                                .await
+                            {
+                                Ok(r) => r,
+                                Err(refusal) => refusal_response(refusal),
+                            };
+                        Ok::<_, Rejection>(response)
+                    }
+                },
+            );
     ready
         .or(stats)
         .unify()
@@ -162,6 +176,18 @@ pub fn routes_with(
         .unify()
         .recover(recover)
         .unify()
+}
+
+/// The host's invocation id header: telemetry's join to the host's own
+/// request telemetry, never needed for an answer.
+const INVOCATION_ID: &str = "x-azure-functions-invocationid";
+
+/// The invocation id, when it is text of at most 128 characters (anything
+/// else is ignored, never refused).
+fn invocation_id(header: Option<HeaderValue>) -> Option<Arc<str>> {
+    let header = header?;
+    let id = header.to_str().ok()?;
+    (id.len() <= 128).then(|| Arc::from(id))
 }
 
 /// Anything that matched no route: a JSON error, never an empty body.

@@ -8,7 +8,8 @@
 //! [`position`] is the exact arithmetic of positions (pure) the stores apply.
 //! [`config`] reads the environment (and [`hosting`], pure, says which Azure
 //! hosting plan it describes); [`app`] wires the pieces together for the
-//! binary's commands.
+//! binary's commands; [`logging`] puts each log line on the stream that
+//! gives it its severity on the Functions host.
 
 pub mod app;
 pub mod config;
@@ -21,7 +22,9 @@ pub mod finished;
 pub mod guard;
 pub mod host;
 pub mod hosting;
+pub mod logging;
 pub mod order;
 pub mod position;
 pub mod processor;
 pub mod store;
+pub mod telemetry;

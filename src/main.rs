@@ -132,7 +132,8 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         }
         Command::Replay { file, concurrency } => {
             let deliveries = app::read_replay_file(&file)?;
-            let processor = app::build_processor(&config).await?;
+            let telemetry = app::start_telemetry(&config)?;
+            let processor = app::build_processor_with(&config, telemetry.as_ref()).await?;
             println!(
                 "replaying {} deliveries from {} ({}, concurrency {concurrency})",
                 deliveries.len(),
@@ -140,6 +141,9 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 app::describe(&config)
             );
             let summary = app::replay(&processor, deliveries, concurrency).await;
+            if let Some(t) = telemetry {
+                t.shutdown().await;
+            }
             println!("{summary}");
             if summary.unresolved > 0 {
                 eprintln!(

@@ -16,7 +16,7 @@
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -35,6 +35,10 @@ use crate::finished::{FinishedCacheSettings, FinishedOrders};
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
 use crate::order::{probable_order_id, FractionalNumbers, Order};
 use crate::store::{conflict_reason, Execution, OrderStore, Rejection, RejectionKind, StoreError};
+use crate::telemetry::{EventTelemetry, StepTiming};
+
+mod report;
+use report::STORE;
 
 /// One event's result, as the host and `replay` report it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -155,6 +159,8 @@ pub struct Processor {
     store_id: tokio::sync::OnceCell<String>,
     /// Orders this instance saw finish (`None`: cache off).
     finished: Option<FinishedOrders>,
+    /// Where each event is reported (`None`: telemetry off, nothing timed).
+    telemetry: Option<Arc<EventTelemetry>>,
 }
 
 /// An order and the event it came in, ready for the four steps.
@@ -179,7 +185,20 @@ impl Processor {
             settings,
             counters: Counters::default(),
             store_id: tokio::sync::OnceCell::new(),
+            telemetry: None,
         }
+    }
+
+    /// Report every event to `telemetry` (metrics and spans).
+    pub fn with_telemetry(mut self, telemetry: Option<Arc<EventTelemetry>>) -> Processor {
+        self.telemetry = telemetry;
+        self
+    }
+
+    /// Whether events are reported to telemetry (what is read only for it,
+    /// such as the host's invocation id, is skipped when not).
+    pub fn reports_telemetry(&self) -> bool {
+        self.telemetry.is_some()
     }
 
     pub fn counters(&self) -> CountersSnapshot {
@@ -271,8 +290,10 @@ impl Processor {
             deadline,
         };
         let started = Instant::now();
-        let outcome = self.process_order(&work).await;
+        let mut facts = Facts::new(self.guard.name(), self.telemetry.is_some());
+        let outcome = self.process_order(&work, &mut facts).await;
         self.counters.count(outcome.outcome);
+        self.report_order(&work.order.order_id, &outcome, &facts, started);
         let level = match outcome.outcome {
             OutcomeKind::Executed | OutcomeKind::Duplicate => log::Level::Info,
             OutcomeKind::InProgress | OutcomeKind::Conflict | OutcomeKind::Rejected => {
@@ -308,16 +329,12 @@ impl Processor {
 
     /// The steps, as [`Decision`] orders them: this function only performs
     /// each step and hands its answer back.
-    async fn process_order(&self, w: &Work<'_>) -> Outcome {
-        let mut facts = Facts {
-            token: None,
-            existing: None,
-            failure: None,
-            guard_label: self.guard.name(),
-        };
+    async fn process_order(&self, w: &Work<'_>, facts: &mut Facts) -> Outcome {
         let (mut decision, mut step) =
             Decision::start(self.settings.on_guard_unavailable, self.finished.is_some());
+        let timed = self.telemetry.is_some();
         loop {
+            let began = timed.then(|| (SystemTime::now(), Instant::now()));
             let reply = match step {
                 Step::Answer(kind, why) => {
                     if let Some(finished) = &self.finished {
@@ -325,13 +342,13 @@ impl Processor {
                             finished.remember(&w.order.order_id, w.order.fingerprint());
                         }
                     }
-                    return self.answer(w, kind, why, &facts);
+                    return self.answer(w, kind, why, facts);
                 }
-                Step::Recall => self.recall(w, &mut facts),
-                Step::Acquire => self.acquire(w, &mut facts).await,
-                Step::ReadRow => self.read_row(w, &mut facts).await,
-                Step::Execute => self.execute(w, &mut facts).await,
-                Step::StoreConflict => self.store_conflict(w, &mut facts).await,
+                Step::Recall => self.recall(w, facts),
+                Step::Acquire => self.acquire(w, facts).await,
+                Step::ReadRow => self.read_row(w, facts).await,
+                Step::Execute => self.execute(w, facts).await,
+                Step::StoreConflict => self.store_conflict(w, facts).await,
                 Step::MarkCompleted => {
                     if tokio::time::timeout_at(w.deadline, self.mark_completed(w))
                         .await
@@ -350,6 +367,9 @@ impl Processor {
                     Reply::Done
                 }
             };
+            if let Some(began) = began {
+                facts.steps.push(self.timing(step, began));
+            }
             (decision, step) = decision.next(&reply);
         }
     }
@@ -371,6 +391,7 @@ impl Processor {
         }
         if facts.guard_label == RECALLED {
             self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+            facts.decided_by = RECALLED;
         }
         Reply::Recalled(verdict)
     }
@@ -388,6 +409,9 @@ impl Processor {
             }
             Acquisition::TakenOver(t) => {
                 self.counters.takeovers.fetch_add(1, Ordering::Relaxed);
+                if let Some(t) = &self.telemetry {
+                    t.takeover();
+                }
                 log::warn!(
                     "order {}: took over a reservation whose owner passed its deadline (a worker killed or stuck); the store decides what is left to do",
                     order.order_id
@@ -396,6 +420,7 @@ impl Processor {
                 Reply::Acquired { taken_over: true }
             }
             Acquisition::Completed { fingerprint } => {
+                facts.decided_by = self.guard.name();
                 let ours = self.store_identity(w.deadline).await;
                 let verdict = completed_verdict(fingerprint.as_deref(), ours, order.fingerprint());
                 if let CompletedVerdict::Conflict(fp) = &verdict {
@@ -403,12 +428,21 @@ impl Processor {
                 }
                 Reply::Completed(verdict)
             }
-            Acquisition::InProgress => Reply::Held,
+            Acquisition::InProgress => {
+                facts.decided_by = self.guard.name();
+                Reply::Held
+            }
             Acquisition::Unavailable(why) => {
                 self.counters
                     .guard_unavailable
                     .fetch_add(1, Ordering::Relaxed);
                 facts.guard_label = "unavailable";
+                if let Some(t) = &self.telemetry {
+                    t.guard_unavailable(match self.settings.on_guard_unavailable {
+                        GuardPolicy::Proceed => "proceed",
+                        GuardPolicy::Retry => "retry",
+                    });
+                }
                 if self.settings.on_guard_unavailable == GuardPolicy::Proceed {
                     log::warn!(
                         "order {}: guard unavailable ({why}); proceeding on the store's unique index",
@@ -428,8 +462,15 @@ impl Processor {
         let row = tokio::time::timeout_at(w.deadline, self.store.order(&w.order.order_id)).await;
         let row = match row {
             Ok(Ok(row)) => row,
-            Ok(Err(_)) | Err(_) => None,
+            Ok(Err(e)) => {
+                self.store_error("read_row", &e);
+                None
+            }
+            Err(_) => None,
         };
+        if row.is_some() {
+            facts.decided_by = STORE;
+        }
         // The row's fingerprint in the current version: a row stored under
         // an older normalization is fingerprinted again from its columns.
         let current = row.as_ref().map(|r| (r.current_fingerprint(), r.status));
@@ -462,6 +503,7 @@ impl Processor {
                 Ok(execution)
             })
             .await;
+        facts.decided_by = STORE;
         match executed {
             Ok(execution) => {
                 match &execution {
@@ -476,6 +518,7 @@ impl Processor {
                 Reply::Executed(execution)
             }
             Err(e) => {
+                self.store_error("execute", &e);
                 facts.failure = Some(e.to_string());
                 Reply::Failed
             }
@@ -489,6 +532,7 @@ impl Processor {
         match self.reject_by(&rejection, w.deadline).await {
             Ok(()) => Reply::Stored,
             Err(e) => {
+                self.store_error("reject", &e);
                 facts.failure = Some(e.to_string());
                 Reply::Failed
             }
@@ -549,6 +593,9 @@ impl Processor {
         let marker = completion_marker(store_id, order.fingerprint());
         if let Err(e) = self.guard.complete(&order.order_id, &marker).await {
             self.counters.guard_errors.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = &self.telemetry {
+                t.guard_error("complete");
+            }
             log::warn!(
                 "order {}: done, but the guard was not marked {}: {e}",
                 order.order_id,
@@ -581,6 +628,10 @@ impl Processor {
         reason: String,
         deadline: Instant,
     ) -> Outcome {
+        let arrived = self
+            .telemetry
+            .as_ref()
+            .map(|_| (SystemTime::now(), Instant::now()));
         let rejection = Rejection {
             kind: RejectionKind::Poison,
             order_id: order_id.clone(),
@@ -592,11 +643,17 @@ impl Processor {
         };
         let (kind, reason) = match self.reject_by(&rejection, deadline).await {
             Ok(()) => (OutcomeKind::Rejected, reason),
-            Err(e) => (
-                OutcomeKind::Retry,
-                format!("{reason}; and the rejection could not be stored ({e})"),
-            ),
+            Err(e) => {
+                self.store_error("reject", &e);
+                (
+                    OutcomeKind::Retry,
+                    format!("{reason}; and the rejection could not be stored ({e})"),
+                )
+            }
         };
+        if let Some(arrived) = arrived {
+            self.report_poison(order_id.as_deref(), event_id.as_deref(), kind, arrived);
+        }
         // Stored whole above; answered and logged bounded.
         let event_id = event_id.as_deref().map(shown);
         self.counters.count(kind);
@@ -651,6 +708,9 @@ impl Processor {
         .await;
         if let Err(e) = released {
             self.counters.guard_errors.fetch_add(1, Ordering::Relaxed);
+            if let Some(t) = &self.telemetry {
+                t.guard_error("release");
+            }
             log::warn!(
                 "order {}: reservation not released ({e}); it expires by its TTL",
                 order.order_id
@@ -677,6 +737,12 @@ impl Processor {
 
 /// What one event's steps learned that its later steps and its answer need.
 struct Facts {
+    /// When the event's steps began (for its span; only while telemetry is on).
+    arrived: Option<SystemTime>,
+    /// Who decided the answer (see `EventReport::decided_by`).
+    decided_by: &'static str,
+    /// The steps, timed (only while telemetry is on).
+    steps: Vec<StepTiming>,
     /// Our reservation, while we hold one.
     token: Option<Token>,
     /// The fingerprint of the other order using this id.

@@ -139,10 +139,10 @@ fn the_defaults_shown_are_the_codes() {
         };
         let name = &names[0];
         if name == "RUST_LOG" {
-            let app = include_str!("../src/app.rs");
+            let logging = include_str!("../src/logging.rs");
             assert!(
-                app.contains(&format!("default_filter_or(\"{value}\")")),
-                "the README says RUST_LOG defaults to {value:?}; src/app.rs does not"
+                logging.contains(&format!("default_filter_or(\"{value}\")")),
+                "the README says RUST_LOG defaults to {value:?}; src/logging.rs does not"
             );
             checked += 1;
             continue;

@@ -65,3 +65,63 @@ fn a_secret_is_never_printed_or_logged() {
         assert!(!text.contains(&KEY[..40]), "shown: {text}");
     }
 }
+
+/// Telemetry's secrets: the Application Insights connection string (its
+/// instrumentation key) and the OTLP headers (an API key) are never printed,
+/// whether the value is refused or accepted and exported to.
+#[test]
+fn telemetry_secrets_are_never_printed() {
+    // An instrumentation key is a GUID.
+    const IKEY: &str = "5d3f0a1b-7c2e-4e9a-b8d1-3f6a2c9e0b47";
+    let sqlite = ("SQL_CONNECTION_STRING", "sqlite:./orders.db".to_string());
+    let (code, text) = run(
+        &["migrate"],
+        &[
+            sqlite.clone(),
+            (
+                "APPLICATIONINSIGHTS_CONNECTION_STRING",
+                format!("Key={KEY}"),
+            ),
+        ],
+    );
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("invalid configuration: APPLICATIONINSIGHTS_CONNECTION_STRING: "),
+        "{text}"
+    );
+    assert!(!text.contains(&KEY[..40]), "shown: {text}");
+
+    // Accepted: a replay of nothing, exporting to endpoints nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("none.json");
+    std::fs::write(&file, "[]").unwrap();
+    let (code, text) = run(
+        &["replay", file.to_str().unwrap()],
+        &[
+            sqlite,
+            (
+                "APPLICATIONINSIGHTS_CONNECTION_STRING",
+                format!("InstrumentationKey={IKEY};IngestionEndpoint=https://127.0.0.1:{closed}/"),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://127.0.0.1:{closed}"),
+            ),
+            ("OTEL_EXPORTER_OTLP_HEADERS", format!("api-key={KEY}")),
+        ],
+    );
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains(&format!(
+            "telemetry: Application Insights at https://127.0.0.1:{closed}"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains(&KEY[..40]), "shown: {text}");
+    assert!(!text.contains(IKEY), "shown: {text}");
+}

@@ -25,7 +25,7 @@ const READ_BY_THE_HOST: [&str; 3] = [
 ];
 
 /// Read by the handler outside `Config`: the log filter (env_logger, in
-/// `app::init_logging`). Fault points (`FAILPOINTS`) exist only in test
+/// `logging::init`). Fault points (`FAILPOINTS`) exist only in test
 /// builds and stay out of the example on purpose; Entra ID's variables
 /// (`IDENTITY_ENDPOINT`, `AZURE_CLIENT_ID`, …) are set by the platform.
 const READ_OUTSIDE_CONFIG: [&str; 1] = ["RUST_LOG"];
@@ -117,10 +117,10 @@ fn the_example_holds_every_setting_the_handler_reads_and_nothing_else() {
 fn the_handler_reads_its_log_filter_from_rust_log() {
     // env_logger's default variable: this test breaks if logging stops
     // reading it, so READ_OUTSIDE_CONFIG stays true.
-    let app = include_str!("../src/app.rs");
+    let logging = include_str!("../src/logging.rs");
     assert!(
-        app.contains("env_logger::Env::default()"),
-        "app.rs no longer builds its logger from env_logger's default (RUST_LOG) environment"
+        logging.contains("env_logger::Env::default()"),
+        "logging.rs no longer builds its logger from env_logger's default (RUST_LOG) environment"
     );
 }
 

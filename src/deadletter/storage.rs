@@ -322,7 +322,7 @@ pub fn check_container(c: &str) -> Result<(), String> {
 
 fn plausible_base64(k: &str) -> bool {
     !k.is_empty()
-        && k.len() % 4 == 0
+        && k.len().is_multiple_of(4)
         && k.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=')
 }

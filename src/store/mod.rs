@@ -291,4 +291,33 @@ pub trait OrderStore: Send + Sync {
 
     /// Rejected events stored for an order id (`None`: those without an id).
     async fn rejections(&self, order_id: Option<&str>) -> Result<Vec<RejectedRecord>, StoreError>;
+
+    /// What the store can show of its load, for telemetry's gauges (no I/O;
+    /// nothing by default).
+    fn load(&self) -> StoreLoad {
+        StoreLoad::default()
+    }
+}
+
+/// A connection pool's state (bb8's), read without I/O.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolLoad {
+    /// Connections open, idle or in use.
+    pub open: u64,
+    /// Of which idle.
+    pub idle: u64,
+    /// Callers waiting for a connection now.
+    pub pending: u64,
+    /// Callers that stopped waiting at the connect timeout (cumulative).
+    pub timeouts: u64,
+}
+
+/// A store's load, read without I/O (`OrderStore::load`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreLoad {
+    /// The connection pool (SQL Server).
+    pub pool: Option<PoolLoad>,
+    /// The writer's queue: calls refused because it was full, calls skipped
+    /// because their caller had stopped waiting; cumulative (SQLite).
+    pub writer: Option<(u64, u64)>,
 }

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use rust_decimal::Decimal;
 
-use super::{Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, StoreError};
+use super::{Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, StoreError, StoreLoad};
 use crate::order::{Order, OrderStatus};
 use crate::position::Position;
 
@@ -594,5 +594,13 @@ impl OrderStore for SqliteStore {
             rows.collect()
         })
         .await
+    }
+
+    fn load(&self) -> StoreLoad {
+        let p = self.pressure();
+        StoreLoad {
+            pool: None,
+            writer: Some((p.refused, p.skipped)),
+        }
     }
 }

@@ -26,6 +26,11 @@ async fn an_unreachable_server_is_a_transient_failure_within_the_connect_timeout
         }
         other => panic!("{other:?}"),
     }
+    // Telemetry's view of the pool (`db.client.connection.*`): nothing
+    // open, nobody waiting any more, the wait that timed out counted.
+    let pool = store.load().pool.expect("a SQL Server store has a pool");
+    assert_eq!((pool.open, pool.idle, pool.pending), (0, 0, 0), "{pool:?}");
+    assert!(pool.timeouts >= 1, "{pool:?}");
 }
 
 /// Logins are paced: however many callers wait for a connection, at most

@@ -748,4 +748,17 @@ impl OrderStore for SqlServerStore {
             rejections_on(client, order_id)
         })
     }
+
+    fn load(&self) -> super::StoreLoad {
+        let state = self.pool.state();
+        super::StoreLoad {
+            pool: Some(super::PoolLoad {
+                open: u64::from(state.connections),
+                idle: u64::from(state.idle_connections),
+                pending: state.statistics.pending_gets(),
+                timeouts: state.statistics.get_timed_out,
+            }),
+            writer: None,
+        }
+    }
 }

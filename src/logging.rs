@@ -1,0 +1,150 @@
+//! Log lines at the severity the Functions host gives them.
+//!
+//! The host reads a custom handler's two streams line by line
+//! (`WorkerProcess.cs`, `HttpWorkerDescription.UseStdErrorStreamForErrorsOnly`
+//! is `true` for custom handlers): every **stdout** line becomes an
+//! Information log; every **stderr** line becomes a Warning when it contains
+//! `warn` in any case (`IndexOf("warn", OrdinalIgnoreCase)`), else an Error.
+//! So [`init`] writes `warn` and `error` records to stderr and the rest to
+//! stdout, in env_logger's human form: a warning's line holds its level tag
+//! `WARN` (a Warning to the host), an error's holds `ERROR` (an Error, unless
+//! its text itself says "warn": the host's rule cannot be told otherwise).
+//! [`host_severity`] is that rule, for the tests that read the real binary's
+//! streams.
+
+use log::{Level, Log, Metadata, Record};
+
+/// One of the handler's two output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// The severity the Functions host gives a line of a custom handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HostSeverity {
+    Information,
+    Warning,
+    Error,
+}
+
+/// The host's rule for a custom handler's line (see the module doc): stdout
+/// is Information; stderr is Warning when the line contains `warn` in any
+/// case, Error otherwise.
+pub fn host_severity(stream: Stream, line: &str) -> HostSeverity {
+    match stream {
+        Stream::Stdout => HostSeverity::Information,
+        Stream::Stderr if contains_ignore_ascii_case(line, "warn") => HostSeverity::Warning,
+        Stream::Stderr => HostSeverity::Error,
+    }
+}
+
+/// .NET's `OrdinalIgnoreCase` for an ASCII needle: a letter of the needle
+/// matches either case of it, nothing else does.
+fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
+    haystack
+        .as_bytes()
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+}
+
+/// Which stream a record of `level` goes to.
+pub fn stream_for(level: Level) -> Stream {
+    match level {
+        Level::Error | Level::Warn => Stream::Stderr,
+        Level::Info | Level::Debug | Level::Trace => Stream::Stdout,
+    }
+}
+
+/// Two env_logger loggers of one filter (`RUST_LOG`, default
+/// `info,tiberius=warn`), one per stream.
+struct Split {
+    stdout: env_logger::Logger,
+    stderr: env_logger::Logger,
+}
+
+impl Log for Split {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        self.stdout.enabled(metadata)
+    }
+
+    fn log(&self, record: &Record) {
+        match stream_for(record.level()) {
+            Stream::Stdout => self.stdout.log(record),
+            Stream::Stderr => self.stderr.log(record),
+        }
+    }
+
+    fn flush(&self) {
+        self.stdout.flush();
+        self.stderr.flush();
+    }
+}
+
+/// Install the process's logger (see the module doc). Idempotent: a second
+/// call leaves the first logger in place.
+pub fn init() {
+    let build = |target| {
+        env_logger::Builder::from_env(
+            env_logger::Env::default().default_filter_or("info,tiberius=warn"),
+        )
+        .target(target)
+        .format_timestamp_millis()
+        .build()
+    };
+    let split = Split {
+        stdout: build(env_logger::Target::Stdout),
+        stderr: build(env_logger::Target::Stderr),
+    };
+    let max = split.stdout.filter();
+    if log::set_boxed_logger(Box::new(split)).is_ok() {
+        log::set_max_level(max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stdout_is_information_whatever_it_says() {
+        for line in ["executed", "WARN x", "ERROR failed", ""] {
+            assert_eq!(
+                host_severity(Stream::Stdout, line),
+                HostSeverity::Information
+            );
+        }
+    }
+
+    #[test]
+    fn stderr_is_a_warning_when_it_says_warn_in_any_case() {
+        for line in ["[t WARN  m] x", "warn", "a Warning", "forewarned", "wArN"] {
+            assert_eq!(
+                host_severity(Stream::Stderr, line),
+                HostSeverity::Warning,
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_stderr_lines_are_errors() {
+        for line in ["[t ERROR m] x", "", "war n", "wa\nrn", "info"] {
+            assert_eq!(
+                host_severity(Stream::Stderr, line),
+                HostSeverity::Error,
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn warnings_and_errors_go_to_stderr_the_rest_to_stdout() {
+        assert_eq!(stream_for(Level::Error), Stream::Stderr);
+        assert_eq!(stream_for(Level::Warn), Stream::Stderr);
+        assert_eq!(stream_for(Level::Info), Stream::Stdout);
+        assert_eq!(stream_for(Level::Debug), Stream::Stdout);
+        assert_eq!(stream_for(Level::Trace), Stream::Stdout);
+    }
+}

@@ -1,0 +1,176 @@
+//! The SDK's providers and their exporters: OTLP/HTTP (protobuf), and
+//! Application Insights' ingestion API.
+//!
+//! Spans: a batch span processor (its own thread; a bounded queue of
+//! `span_queue` spans, a full queue drops the span and the SDK counts it in
+//! its shutdown log). Metrics: a periodic reader (its own thread), cumulative
+//! temporality (what a collector and Azure Monitor expect). Each export is
+//! one attempt bounded by the timeout (no retry: the next export carries
+//! the cumulative counts anyway), sent by reqwest's blocking client on the
+//! exporter's thread, never on the handler's runtime.
+
+use std::collections::HashMap;
+
+use opentelemetry::metrics::{Meter, MeterProvider};
+use opentelemetry::trace::TracerProvider;
+use opentelemetry::KeyValue;
+use opentelemetry_http::HttpClient;
+use opentelemetry_otlp::{Protocol, RetryPolicy, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanExporter, Tracer,
+};
+use opentelemetry_sdk::Resource;
+
+use super::{AppInsightsSettings, OtlpSettings, TelemetryError, TelemetrySettings};
+
+/// The instrumentation scope of everything this crate records.
+const SCOPE: &str = "order-guard";
+
+pub(super) struct Providers {
+    meters: SdkMeterProvider,
+    tracers: SdkTracerProvider,
+}
+
+impl Providers {
+    /// A tracer and a meter provider with one processor and one reader per
+    /// configured exporter (OTLP, Application Insights, or both).
+    pub(super) fn new<C, F>(
+        settings: &TelemetrySettings,
+        client: F,
+    ) -> Result<Providers, TelemetryError>
+    where
+        C: HttpClient + Clone + 'static,
+        F: FnOnce() -> Result<C, TelemetryError>,
+    {
+        let resource = Resource::builder_empty()
+            .with_service_name(settings.service_name.clone())
+            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+            .build();
+        let mut tracers = SdkTracerProvider::builder().with_resource(resource.clone());
+        let mut meters = SdkMeterProvider::builder().with_resource(resource);
+        if let Some(otlp) = &settings.otlp {
+            let (spans, metrics) = otlp_exporters(otlp)?;
+            tracers = tracers.with_span_processor(batch(settings, spans));
+            meters = meters.with_reader(periodic(settings, metrics));
+        }
+        if let Some(ai) = &settings.application_insights {
+            let exporter = app_insights_exporter(ai, client()?)?;
+            tracers = tracers.with_span_processor(batch(settings, exporter.clone()));
+            meters = meters.with_reader(periodic(settings, exporter));
+        }
+        Ok(Providers {
+            meters: meters.build(),
+            tracers: tracers.build(),
+        })
+    }
+
+    pub(super) fn meter(&self) -> Meter {
+        self.meters.meter(SCOPE)
+    }
+
+    pub(super) fn tracer(&self) -> Tracer {
+        self.tracers.tracer(SCOPE)
+    }
+
+    /// Export what is buffered, then stop both (blocking, bounded by the
+    /// exporters' timeout).
+    pub(super) fn shutdown(self) -> Result<(), String> {
+        let spans = self.tracers.shutdown();
+        let metrics = self.meters.shutdown();
+        match (spans, metrics) {
+            (Ok(()), Ok(())) => Ok(()),
+            (spans, metrics) => Err(format!("spans: {spans:?}; metrics: {metrics:?}")),
+        }
+    }
+}
+
+/// The batch span processor: a bounded queue, its own thread.
+fn batch(
+    settings: &TelemetrySettings,
+    exporter: impl SpanExporter + 'static,
+) -> BatchSpanProcessor {
+    let config = BatchConfigBuilder::default()
+        .with_max_queue_size(settings.span_queue.max(1))
+        .with_max_export_batch_size(settings.span_queue.clamp(1, 512))
+        .build();
+    BatchSpanProcessor::builder(exporter)
+        .with_batch_config(config)
+        .build()
+}
+
+/// The periodic metric reader: its own thread, every `metric_interval`.
+fn periodic(
+    settings: &TelemetrySettings,
+    exporter: impl PushMetricExporter + 'static,
+) -> PeriodicReader<impl PushMetricExporter> {
+    PeriodicReader::builder(exporter)
+        .with_interval(settings.metric_interval)
+        .build()
+}
+
+/// OTLP/HTTP protobuf exporters of spans and metrics.
+fn otlp_exporters(
+    otlp: &OtlpSettings,
+) -> Result<
+    (
+        opentelemetry_otlp::SpanExporter,
+        opentelemetry_otlp::MetricExporter,
+    ),
+    TelemetryError,
+> {
+    let headers: HashMap<String, String> = otlp.headers.iter().cloned().collect();
+    let spans = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .with_endpoint(otlp.traces_endpoint.clone())
+        .with_timeout(otlp.timeout)
+        .with_headers(headers.clone())
+        .with_retry_policy(RetryPolicy::disabled())
+        .build()
+        .map_err(|e| TelemetryError(format!("spans to {}: {e}", otlp.traces_endpoint)))?;
+    let metrics = opentelemetry_otlp::MetricExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .with_endpoint(otlp.metrics_endpoint.clone())
+        .with_timeout(otlp.timeout)
+        .with_headers(headers)
+        .with_retry_policy(RetryPolicy::disabled())
+        .with_temporality(Temporality::Cumulative)
+        .build()
+        .map_err(|e| TelemetryError(format!("metrics to {}: {e}", otlp.metrics_endpoint)))?;
+    Ok((spans, metrics))
+}
+
+/// The Application Insights exporter (`opentelemetry-application-insights`:
+/// spans become `requests` (the event, a consumer span) and `dependencies`
+/// (its steps), metrics `customMetrics`, in delta temporality as the
+/// ingestion API wants). Its error never quotes the connection string.
+fn app_insights_exporter<C: HttpClient + 'static>(
+    ai: &AppInsightsSettings,
+    client: C,
+) -> Result<opentelemetry_application_insights::Exporter<C>, TelemetryError> {
+    opentelemetry_application_insights::Exporter::new_from_connection_string(
+        &ai.connection_string,
+        client,
+    )
+    .map_err(|_| {
+        TelemetryError(
+            "APPLICATIONINSIGHTS_CONNECTION_STRING is not a connection string the Application Insights exporter accepts (the value is not shown)".into(),
+        )
+    })
+}
+
+/// reqwest's blocking client, built on a thread of its own: it owns a
+/// runtime, which must not be made (or dropped) on the handler's.
+pub(super) fn blocking_client() -> Result<reqwest::blocking::Client, TelemetryError> {
+    std::thread::spawn(|| {
+        reqwest::blocking::Client::builder()
+            .timeout(std::time::Duration::from_secs(10))
+            .build()
+    })
+    .join()
+    .map_err(|_| TelemetryError("the thread building the HTTP client panicked".into()))?
+    .map_err(|e| TelemetryError(format!("cannot build the HTTP client: {e}")))
+}

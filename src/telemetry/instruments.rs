@@ -1,0 +1,379 @@
+//! The instruments, their names and attributes (the README's metric table),
+//! and the span of one event.
+//!
+//! Names follow OpenTelemetry's semantic conventions where one exists:
+//! `messaging.process.duration` for the whole event (Event Grid is
+//! `messaging.system = eventgrid`), `db.client.connection.count` for the
+//! SQL Server pool, `db.system.name` / `db.operation.name` on the steps that
+//! call Redis or a database, `faas.invocation_id` for the host's invocation
+//! id. The rest is ours, under `order_guard.`.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::metrics::{Counter, Histogram, Meter};
+use opentelemetry::trace::{Span, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::Tracer;
+
+/// The function whose events these are (`messaging.destination.name`).
+const DESTINATION: &str = "OrderTrigger";
+/// The event's span name, as the conventions make it:
+/// `{messaging.operation.name} {messaging.destination.name}`.
+const SPAN_NAME: &str = "process OrderTrigger";
+
+/// `messaging.system` of every event (semantic conventions' value for Event Grid).
+fn system() -> KeyValue {
+    KeyValue::new("messaging.system", "eventgrid")
+}
+
+/// Bucket bounds in seconds: from a cached duplicate (tens of µs) to an
+/// event at Event Grid's 30 s limit.
+const SECONDS: [f64; 19] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// One step of an event, timed (recorded only while telemetry is on).
+#[derive(Debug, Clone)]
+pub struct StepTiming {
+    /// `recall`, `acquire`, `read_row`, `execute`, `store_conflict`,
+    /// `complete`, `release`, `reject`.
+    pub step: &'static str,
+    /// What the step called: the guard's or the store's name (`redis`,
+    /// `memory`, `sqlite`, `sqlserver`), `cache` for the recall.
+    pub component: &'static str,
+    pub started: SystemTime,
+    pub elapsed: Duration,
+}
+
+/// One event's end, as the processor saw it. No amounts: the order's
+/// content never reaches telemetry, only its id.
+#[derive(Debug)]
+pub struct EventReport<'a> {
+    pub order_id: Option<&'a str>,
+    pub event_id: Option<&'a str>,
+    /// The answer (`executed`, `duplicate`, `in_progress`, `conflict`,
+    /// `rejected`, `retry`).
+    pub outcome: &'static str,
+    /// The answer's `guard` field, as on the log line.
+    pub guard: &'static str,
+    /// Who decided the answer: `cache`, the guard (`redis`, `memory`), the
+    /// `store`, or `none` (the event itself: poison, or the guard down
+    /// under `GUARD_UNAVAILABLE=retry`).
+    pub decided_by: &'static str,
+    pub started: SystemTime,
+    pub elapsed: Duration,
+    pub steps: &'a [StepTiming],
+}
+
+/// What the processor reports each event to.
+pub struct EventTelemetry {
+    tracer: Tracer,
+    events: Counter<u64>,
+    duration: Histogram<f64>,
+    steps: Histogram<f64>,
+    takeovers: Counter<u64>,
+    guard_unavailable: Counter<u64>,
+    guard_errors: Counter<u64>,
+    store_errors: Counter<u64>,
+}
+
+impl EventTelemetry {
+    pub(super) fn new(meter: Meter, tracer: Tracer) -> EventTelemetry {
+        EventTelemetry {
+            tracer,
+            events: meter
+                .u64_counter("order_guard.events")
+                .with_unit("{event}")
+                .with_description("Events answered, by outcome and by who decided")
+                .build(),
+            duration: meter
+                .f64_histogram("messaging.process.duration")
+                .with_unit("s")
+                .with_description("Duration of one event, from its arrival to its answer")
+                .with_boundaries(SECONDS.to_vec())
+                .build(),
+            steps: meter
+                .f64_histogram("order_guard.step.duration")
+                .with_unit("s")
+                .with_description("Duration of one step of an event (recall, acquire, the store call, complete, …)")
+                .with_boundaries(SECONDS.to_vec())
+                .build(),
+            takeovers: meter
+                .u64_counter("order_guard.guard.takeovers")
+                .with_unit("{reservation}")
+                .with_description("Reservations taken over from an owner past its deadline")
+                .build(),
+            guard_unavailable: meter
+                .u64_counter("order_guard.guard.unavailable")
+                .with_unit("{event}")
+                .with_description("Acquires that found the guard unreachable (degraded decisions), by GUARD_UNAVAILABLE policy")
+                .build(),
+            guard_errors: meter
+                .u64_counter("order_guard.guard.errors")
+                .with_unit("{call}")
+                .with_description("Guard calls after the store's answer that failed (complete, release)")
+                .build(),
+            store_errors: meter
+                .u64_counter("order_guard.store.errors")
+                .with_unit("{call}")
+                .with_description("Store calls that failed, by operation and kind")
+                .build(),
+        }
+    }
+
+    /// One event answered: its counter, its histograms, its span.
+    pub fn event(&self, report: &EventReport<'_>) {
+        let seconds = report.elapsed.as_secs_f64();
+        self.events.add(
+            1,
+            &[
+                system(),
+                KeyValue::new("order_guard.outcome", report.outcome),
+                KeyValue::new("order_guard.decided_by", report.decided_by),
+            ],
+        );
+        self.duration.record(
+            seconds,
+            &[
+                system(),
+                KeyValue::new("messaging.operation.name", "process"),
+                KeyValue::new("messaging.destination.name", DESTINATION),
+                KeyValue::new("order_guard.outcome", report.outcome),
+            ],
+        );
+        for step in report.steps {
+            let name = KeyValue::new("order_guard.step", step.step);
+            let seconds = step.elapsed.as_secs_f64();
+            match db_system(step.component) {
+                Some(system) => self
+                    .steps
+                    .record(seconds, &[name, KeyValue::new("db.system.name", system)]),
+                None => self.steps.record(seconds, &[name]),
+            }
+        }
+        self.span(report);
+    }
+
+    /// The event's span (`process OrderTrigger`, kind consumer) and one
+    /// child per step, made with the times the processor measured.
+    fn span(&self, report: &EventReport<'_>) {
+        let mut attributes = vec![
+            system(),
+            KeyValue::new("messaging.operation.type", "process"),
+            KeyValue::new("messaging.operation.name", "process"),
+            KeyValue::new("messaging.destination.name", DESTINATION),
+            KeyValue::new("order_guard.outcome", report.outcome),
+            KeyValue::new("order_guard.guard", report.guard),
+            KeyValue::new("order_guard.decided_by", report.decided_by),
+        ];
+        if let Some(id) = report.event_id {
+            attributes.push(KeyValue::new("messaging.message.id", id.to_string()));
+        }
+        if let Some(id) = report.order_id {
+            attributes.push(KeyValue::new("order_guard.order_id", id.to_string()));
+        }
+        if let Some(id) = super::invocation_id() {
+            attributes.push(KeyValue::new("faas.invocation_id", id.to_string()));
+        }
+        let mut span = self
+            .tracer
+            .span_builder(SPAN_NAME)
+            .with_kind(SpanKind::Consumer)
+            .with_start_time(report.started)
+            .with_attributes(attributes)
+            .start(&self.tracer);
+        if report.outcome == "retry" {
+            span.set_status(Status::error("the event needs a redelivery"));
+        }
+        let cx = Context::current_with_span(span);
+        for step in report.steps {
+            // A call to Redis or a database is a client span; the cache's
+            // recall and the memory guard are in-process.
+            let mut attributes = vec![KeyValue::new("order_guard.component", step.component)];
+            let mut kind = SpanKind::Internal;
+            if let Some(system) = db_system(step.component) {
+                attributes.push(KeyValue::new("db.system.name", system));
+                attributes.push(KeyValue::new("db.operation.name", step.step));
+                kind = SpanKind::Client;
+            }
+            let mut child = self
+                .tracer
+                .span_builder(step.step)
+                .with_kind(kind)
+                .with_start_time(step.started)
+                .with_attributes(attributes)
+                .start_with_context(&self.tracer, &cx);
+            child.end_with_timestamp(step.started + step.elapsed);
+        }
+        cx.span()
+            .end_with_timestamp(report.started + report.elapsed);
+    }
+
+    /// A reservation taken over from an owner past its deadline.
+    pub fn takeover(&self) {
+        self.takeovers.add(1, &[]);
+    }
+
+    /// An acquire found the guard unreachable; `policy` is what
+    /// `GUARD_UNAVAILABLE` does about it (`proceed`, `retry`).
+    pub fn guard_unavailable(&self, policy: &'static str) {
+        self.guard_unavailable
+            .add(1, &[KeyValue::new("order_guard.policy", policy)]);
+    }
+
+    /// A guard call after the store's answer failed (`complete`, `release`).
+    pub fn guard_error(&self, operation: &'static str) {
+        self.guard_errors
+            .add(1, &[KeyValue::new("db.operation.name", operation)]);
+    }
+
+    /// A store call failed; `kind` is `transient` or `permanent`.
+    pub fn store_error(&self, operation: &'static str, kind: &'static str) {
+        self.store_errors.add(
+            1,
+            &[
+                KeyValue::new("db.operation.name", operation),
+                KeyValue::new("error.type", kind),
+            ],
+        );
+    }
+}
+
+/// `db.system.name` of a guard or store (semantic conventions' values);
+/// `None` for what is no database (the memory guard, the cache).
+fn db_system(component: &str) -> Option<&'static str> {
+    match component {
+        "redis" => Some("redis"),
+        "sqlite" => Some("sqlite"),
+        "sqlserver" => Some("microsoft.sql_server"),
+        _ => None,
+    }
+}
+
+/// What a component can show of its load, read at each metric export.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// This instance's cache of finished orders: entries and weighted bytes.
+    pub cache: Option<(u64, u64)>,
+    /// A connection pool.
+    pub pool: Option<PoolReport>,
+    /// The SQLite writer's queue: calls refused because it was full, calls
+    /// skipped because their caller had stopped waiting (cumulative).
+    pub writer: Option<(u64, u64)>,
+}
+
+/// A connection pool's state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolReport {
+    /// Its database (`sqlserver`: `db.system.name` = `microsoft.sql_server`).
+    pub system: &'static str,
+    /// Connections open, of which `idle`.
+    pub open: u64,
+    pub idle: u64,
+    /// Callers waiting for a connection now.
+    pub pending: u64,
+    /// Callers that stopped waiting at the connect timeout (cumulative).
+    pub timeouts: u64,
+}
+
+/// Something whose load telemetry observes (the processor: its cache and
+/// its store).
+pub trait LoadSource: Send + Sync {
+    fn load(&self) -> LoadReport;
+}
+
+/// `db.system.name` and `db.client.connection.pool.name` of a pool.
+fn pool_attributes(p: &PoolReport) -> [KeyValue; 2] {
+    [
+        KeyValue::new("db.system.name", db_system(p.system).unwrap_or(p.system)),
+        KeyValue::new("db.client.connection.pool.name", "order-guard"),
+    ]
+}
+
+/// Register the observable instruments of `source`'s load.
+pub(super) fn observe(meter: &Meter, source: Arc<dyn LoadSource>) {
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_gauge("order_guard.cache.entries")
+        .with_unit("{order}")
+        .with_description("Orders in this instance's cache of finished orders")
+        .with_callback(move |o| {
+            if let Some((entries, _)) = s.load().cache {
+                o.observe(entries, &[]);
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_gauge("order_guard.cache.size")
+        .with_unit("By")
+        .with_description("Weighted size of this instance's cache of finished orders")
+        .with_callback(move |o| {
+            if let Some((_, bytes)) = s.load().cache {
+                o.observe(bytes, &[]);
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_gauge("db.client.connection.count")
+        .with_unit("{connection}")
+        .with_description("Connections of the store's pool, by state")
+        .with_callback(move |o| {
+            if let Some(p) = s.load().pool {
+                let attributes = |state| {
+                    let mut a = pool_attributes(&p).to_vec();
+                    a.push(KeyValue::new("db.client.connection.state", state));
+                    a
+                };
+                o.observe(p.idle, &attributes("idle"));
+                o.observe(p.open.saturating_sub(p.idle), &attributes("used"));
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_gauge("db.client.connection.pending_requests")
+        .with_unit("{request}")
+        .with_description("Callers waiting for a connection of the store's pool")
+        .with_callback(move |o| {
+            if let Some(p) = s.load().pool {
+                o.observe(p.pending, &pool_attributes(&p));
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_counter("db.client.connection.timeouts")
+        .with_unit("{timeout}")
+        .with_description("Callers that stopped waiting for a connection at the connect timeout")
+        .with_callback(move |o| {
+            if let Some(p) = s.load().pool {
+                o.observe(p.timeouts, &pool_attributes(&p));
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_counter("order_guard.sqlite.writer.refused")
+        .with_unit("{call}")
+        .with_description("SQLite calls answered retry at once because the writer's queue was full")
+        .with_callback(move |o| {
+            if let Some((refused, _)) = s.load().writer {
+                o.observe(refused, &[]);
+            }
+        })
+        .build();
+    meter
+        .u64_observable_counter("order_guard.sqlite.writer.skipped")
+        .with_unit("{call}")
+        .with_description("SQLite calls skipped because their caller had stopped waiting")
+        .with_callback(move |o| {
+            if let Some((_, skipped)) = source.load().writer {
+                o.observe(skipped, &[]);
+            }
+        })
+        .build();
+}

@@ -1,0 +1,168 @@
+//! The Application Insights path: a local endpoint in the shape of the
+//! ingestion API (`POST /v2/track`, gzipped JSON envelopes, answered with
+//! a track response) receives what the exporter sends for the same four
+//! events, configured by a connection string as the Functions platform sets
+//! it. The exporter insists on `https://` for the ingestion endpoint; the
+//! test's HTTP client (reqwest's, as in production) sends the same request
+//! over plain HTTP to the loopback endpoint, the only difference.
+
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+use order_guard::config::Config;
+use order_guard::processor::{Processor, ProcessorSettings};
+use order_guard::telemetry::{Telemetry, TelemetryError};
+use serde_json::{json, Value};
+use warp::Filter;
+
+use super::{common, four_kinds};
+
+const KEY: &str = "0f1e2d3c-aaaa-bbbb-cccc-123456789abc";
+
+/// Every envelope posted to `/v2/track`.
+struct Ingestion {
+    port: u16,
+    envelopes: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Ingestion {
+    fn start() -> Ingestion {
+        let envelopes = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&envelopes);
+        let track = warp::post()
+            .and(warp::path!("v2" / "track"))
+            .and(warp::header::exact("content-encoding", "gzip"))
+            .and(warp::body::bytes())
+            .map(move |body: bytes::Bytes| {
+                let mut text = String::new();
+                flate2::read::GzDecoder::new(&body[..])
+                    .read_to_string(&mut text)
+                    .expect("a gzipped body");
+                let items: Vec<Value> = serde_json::from_str(&text).expect("a JSON array");
+                let n = items.len();
+                kept.lock().unwrap().extend(items);
+                warp::reply::json(&json!({"itemsReceived": n, "itemsAccepted": n, "errors": []}))
+            });
+        let (addr, server) = warp::serve(track).bind_ephemeral(([127, 0, 0, 1], 0));
+        tokio::spawn(server);
+        Ingestion {
+            port: addr.port(),
+            envelopes,
+        }
+    }
+
+    fn of_type(&self, base_type: &str) -> Vec<Value> {
+        self.envelopes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e["data"]["baseType"] == base_type)
+            .cloned()
+            .collect()
+    }
+}
+
+/// reqwest's blocking client, sending what the exporter asks for over
+/// plain HTTP (the loopback endpoint has no certificate).
+#[derive(Debug, Clone)]
+struct PlainHttp(reqwest::blocking::Client);
+
+#[async_trait]
+impl HttpClient for PlainHttp {
+    async fn send_bytes(&self, mut request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let uri = request.uri().to_string().replacen("https://", "http://", 1);
+        *request.uri_mut() = uri.parse()?;
+        self.0.send_bytes(request).await
+    }
+}
+
+fn plain_http() -> Result<PlainHttp, TelemetryError> {
+    std::thread::spawn(reqwest::blocking::Client::new)
+        .join()
+        .map(PlainHttp)
+        .map_err(|_| TelemetryError("the client's thread panicked".into()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_insights_receives_requests_and_metrics() {
+    let ingestion = Ingestion::start();
+    let connection = format!(
+        "InstrumentationKey={KEY};IngestionEndpoint=https://127.0.0.1:{}/",
+        ingestion.port
+    );
+    let config = Config::from_lookup(|k| {
+        (k == "APPLICATIONINSIGHTS_CONNECTION_STRING").then(|| connection.clone())
+    })
+    .expect("the connection string is accepted");
+    assert!(
+        !format!("{config:?}").contains(KEY),
+        "the configuration shows the instrumentation key"
+    );
+    let telemetry = Telemetry::start_with(&config.telemetry, plain_http)
+        .expect("the exporter starts")
+        .expect("a connection string turns telemetry on");
+
+    let redis = common::RedisServer::start();
+    let (store, _dir) = common::sqlite_store().await;
+    let guard = common::redis_guard(&redis, Default::default());
+    let processor = Processor::new(guard, store, ProcessorSettings::default())
+        .with_telemetry(Some(telemetry.events()));
+    let mut outcomes = Vec::new();
+    for event in four_kinds().as_array().unwrap() {
+        outcomes.push(processor.process_event(event).await.outcome.as_str());
+    }
+    assert_eq!(outcomes, ["executed", "duplicate", "conflict", "rejected"]);
+    telemetry.shutdown().await;
+
+    let requests = ingestion.of_type("RequestData");
+    let mut seen: Vec<(String, String)> = requests
+        .iter()
+        .map(|r| {
+            let p = &r["data"]["baseData"]["properties"];
+            (
+                p["messaging.message.id"].as_str().unwrap_or("").to_string(),
+                p["order_guard.outcome"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("e-1", "duplicate"),
+            ("e-1", "executed"),
+            ("e-3", "conflict"),
+            ("e-4", "rejected")
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string())),
+        "{requests:#?}"
+    );
+    for r in &requests {
+        assert_eq!(r["data"]["baseData"]["name"], "process OrderTrigger");
+        assert_eq!(r["iKey"], KEY, "the key goes only where it belongs");
+        assert_eq!(r["tags"]["ai.cloud.role"], "order-guard", "{r:#}");
+    }
+    let steps = ingestion.of_type("RemoteDependencyData");
+    assert!(
+        steps
+            .iter()
+            .any(|d| d["data"]["baseData"]["name"] == "execute"),
+        "the steps are dependencies: {steps:#?}"
+    );
+
+    let metrics = ingestion.of_type("MetricData");
+    let events: f64 = metrics
+        .iter()
+        .flat_map(|m| {
+            m["data"]["baseData"]["metrics"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|m| m["name"] == "order_guard.events")
+        .map(|m| m["value"].as_f64().unwrap_or(0.0))
+        .sum();
+    assert_eq!(events, 4.0, "{metrics:#?}");
+}
