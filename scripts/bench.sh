@@ -5,7 +5,7 @@
 # logging does not dominate; a second one with its cache of finished orders
 # off, for the duplicate path through Redis) and the HTTP-ceiling server, then
 # runs the load
-# generator (examples/bench.rs), which prints the table and writes
+# generator (examples/bench/), which prints the table and writes
 # target/bench/results.json and target/bench/latency_*.png.
 # Everything it starts is stopped on exit. About three minutes with the defaults.
 #

@@ -1,0 +1,69 @@
+//! Invocation bodies and the HTTP/1.1 client that sends them.
+
+use super::*;
+
+/// The Functions host's invocation body for order `i` of run `tag`
+/// (protocol.md §1.3, Event Grid schema, the default binding). The same `i`
+/// always gives the same event: a redelivery.
+pub(crate) fn invocation_body(tag: u32, i: u64) -> String {
+    let order_id = format!("bench-{tag:08x}-{i:06}");
+    let event_id = format!("{tag:08x}-0000-4000-8000-{i:012x}");
+    let account = i % 64;
+    let side = if i.is_multiple_of(3) { "sell" } else { "buy" };
+    let data = format!(
+        r#"{{"orderId":"{order_id}","side":"{side}","symbol":"MSFT","quantity":25,"limitPrice":431.15,"currency":"USD","accountId":"acct-{account}","placedAt":"2025-06-14T09:30:02.118Z"}}"#
+    );
+    format!(
+        r#"{{"Data":{{"eventGridEvent":{{"id":"{event_id}","topic":"/subscriptions/11111111-2222-3333-4444-555555555555/resourceGroups/rg-trading/providers/Microsoft.EventGrid/topics/orders","subject":"orders/{order_id}","eventType":"Trading.Order.Placed","eventTime":"2025-06-14T09:30:02.1180000Z","data":{data},"dataVersion":"1.0","metadataVersion":"1"}}}},"Metadata":{{"data":{data},"sys":{{"MethodName":"OrderTrigger","UtcNow":"2025-06-14T09:30:02.4471234Z","RandGuid":"5d0c2a8e-7b1f-4c39-9e62-{i:012x}"}}}}}}"#
+    )
+}
+
+pub(crate) fn invocation_request(addr: SocketAddr, body: String) -> anyhow::Result<Request<Body>> {
+    Ok(Request::post("/OrderTrigger")
+        .header("host", addr.to_string())
+        .header("content-type", "application/json; charset=utf-8")
+        .header(
+            "x-azure-functions-invocationid",
+            uuid::Uuid::new_v4().to_string(),
+        )
+        .header("x-azure-functions-hostversion", "4.1037.0.0")
+        .header("user-agent", "Azure-Functions-Host/4.1037.0.0")
+        .body(Body::from(body))?)
+}
+
+/// One keep-alive HTTP/1.1 connection (the host keeps its connections open).
+pub(crate) async fn http_connection(addr: SocketAddr) -> anyhow::Result<SendRequest<Body>> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connect {addr}"))?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::handshake(stream).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// Send one invocation; `Ok` only for a 200 whose body holds `expect`.
+pub(crate) async fn invoke(
+    sender: &mut SendRequest<Body>,
+    addr: SocketAddr,
+    body: String,
+    expect: &str,
+) -> anyhow::Result<()> {
+    futures::future::poll_fn(|cx| sender.poll_ready(cx)).await?;
+    let response = sender.send_request(invocation_request(addr, body)?).await?;
+    let status = response.status();
+    let bytes = hyper::body::to_bytes(response.into_body()).await?;
+    if status != StatusCode::OK || !contains(&bytes, expect.as_bytes()) {
+        bail!(
+            "unexpected answer {status}: {}",
+            String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}

@@ -1,0 +1,542 @@
+//! Load generator for `scripts/bench.sh` (see docs/benchmarks.md).
+//!
+//! Two modes:
+//!
+//! - `bench ceiling-server --port P`: a bare warp server that reads the same
+//!   invocation and answers a fixed host-shaped JSON body with no work: the
+//!   HTTP ceiling, a separate process like the handler.
+//! - `bench run …`: drives the handler over real HTTP with host-shaped
+//!   invocations (protocol.md §1.2–1.3, §6.2) and measures, in rounds that
+//!   interleave every figure with its ceilings: the HTTP ceiling, raw
+//!   `SET key val NX EX 300` round trips with redis-rs (the Redis ceiling),
+//!   durable SQLite commits (the commit ceiling), the first-delivery path and
+//!   the duplicate path (answered from the handler's cache of finished orders,
+//!   and, on a second handler with that cache off, through Redis), at
+//!   concurrency 1 and 32; then the handler's peak RSS and the cold start
+//!   (median of N starts). Beside each figure, the CPU time (user + system,
+//!   from `/proc/<pid>/stat`) the process serving it spent per operation in
+//!   the measured window: the handler per event, bare warp per request,
+//!   redis-server per command. Writes `results.json` and one PNG latency plot
+//!   per path into `--out`, and prints a table.
+//!
+//! Every loop is bounded in time and count; it only talks to loopback.
+
+mod ceiling;
+mod invocations;
+mod phases;
+mod plots;
+mod process;
+mod results;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use hdrhistogram::Histogram;
+use hyper::client::conn::SendRequest;
+use hyper::{Body, Request, StatusCode};
+use serde::Serialize;
+use tokio::net::TcpStream;
+
+use ceiling::*;
+use invocations::*;
+use phases::*;
+use plots::*;
+use process::*;
+use results::*;
+
+/// Never run a phase past this many operations, whatever its duration.
+const MAX_OPS_PER_PHASE: u64 = 2_000_000;
+/// Give up on a phase after this many failed operations.
+const MAX_ERRORS: u64 = 20;
+
+#[derive(Parser)]
+#[command(about = "order-guard load generator (run through scripts/bench.sh)")]
+struct Cli {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// The HTTP ceiling: read the invocation, answer a fixed body, no work.
+    CeilingServer {
+        #[arg(long)]
+        port: u16,
+    },
+    /// Measure everything and write the results.
+    Run(Box<Opts>),
+}
+
+#[derive(Parser, Clone)]
+struct Opts {
+    /// The handler under test (`order-guard serve`), e.g. 127.0.0.1:7071.
+    #[arg(long)]
+    handler: SocketAddr,
+    /// Its process id, for the peak RSS and CPU per event.
+    #[arg(long)]
+    handler_pid: u32,
+    /// A second handler on the same Redis with its cache of finished orders
+    /// off (`ORDER_CACHE_MB=0`): the duplicate path through Redis.
+    #[arg(long)]
+    redis_handler: SocketAddr,
+    /// Its process id.
+    #[arg(long)]
+    redis_handler_pid: u32,
+    /// The ceiling server (`bench ceiling-server`).
+    #[arg(long)]
+    ceiling: SocketAddr,
+    /// Its process id, for CPU per request.
+    #[arg(long)]
+    ceiling_pid: u32,
+    /// The redis-server the handler uses.
+    #[arg(long)]
+    redis_url: String,
+    /// Its process id, for CPU per command.
+    #[arg(long)]
+    redis_pid: u32,
+    /// The `order-guard` binary, started again for the cold-start figure.
+    #[arg(long)]
+    binary: PathBuf,
+    /// Scratch directory on the same file system as the handler's database.
+    #[arg(long)]
+    scratch: PathBuf,
+    /// Where results.json and the plots go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Measured seconds per phase (after the warm-up).
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Unmeasured warm-up seconds at the start of each phase.
+    #[arg(long, default_value_t = 0.3)]
+    warmup: f64,
+    /// Rounds of interleaved phases per concurrency.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Concurrency levels.
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
+    concurrency: Vec<usize>,
+    /// Cold starts to take the median of.
+    #[arg(long, default_value_t = 20)]
+    cold_starts: usize,
+    /// A second handler on the SQL Server store (the T-SQL engine), measured
+    /// beside the SQLite one when given.
+    #[arg(long)]
+    sqlserver_handler: Option<SocketAddr>,
+    /// Its process id.
+    #[arg(long)]
+    sqlserver_handler_pid: Option<u32>,
+    /// The ADO.NET string of that handler's database, for the round-trip
+    /// ceiling (`SELECT 1` on a connection of our own per worker).
+    #[arg(long)]
+    sqlserver: Option<String>,
+    /// A third handler whose guard is a Redis cluster (`REDIS_CLUSTER=true`,
+    /// three masters and three replicas on loopback): its duplicate path is
+    /// measured beside the single node's, in the same rounds.
+    #[arg(long)]
+    cluster_handler: Option<SocketAddr>,
+    /// Its process id.
+    #[arg(long)]
+    cluster_handler_pid: Option<u32>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = match cli.mode {
+        Mode::CeilingServer { port } => runtime.block_on(ceiling_server(port)),
+        Mode::Run(opts) => runtime.block_on(run(*opts)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(opts: Opts) -> anyhow::Result<()> {
+    plotters::style::register_font(
+        "sans-serif",
+        plotters::style::FontStyle::Normal,
+        epaint_default_fonts::HACK_REGULAR,
+    )
+    .map_err(|_| anyhow::anyhow!("the embedded font did not load"))?;
+    std::fs::create_dir_all(&opts.out)?;
+    std::fs::create_dir_all(&opts.scratch)?;
+    let tag: u32 = rand::random();
+    let warmup = Duration::from_secs_f64(opts.warmup);
+    let measure = Duration::from_secs_f64(opts.seconds);
+    let next = Arc::new(AtomicU64::new(0));
+    let unique = Arc::new(AtomicU64::new(0));
+    let unique_mssql = Arc::new(AtomicU64::new(0));
+    let unique_cluster = Arc::new(AtomicU64::new(0));
+    let unique_redis = Arc::new(AtomicU64::new(0));
+    let redis = redis::Client::open(opts.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await
+        .context("connecting to redis")?;
+
+    let mut series: BTreeMap<(&str, usize), Series> = BTreeMap::new();
+    let sqlite_path = opts.scratch.join("commit-ceiling.db");
+    // The processes whose CPU each phase reads.
+    let handler = [("handler", opts.handler_pid)];
+    let through_redis = [
+        ("handler", opts.redis_handler_pid),
+        ("redis", opts.redis_pid),
+    ];
+    for &c in &opts.concurrency {
+        for round in 0..opts.rounds {
+            eprintln!(
+                "bench: concurrency {c}, round {}/{}",
+                round + 1,
+                opts.rounds
+            );
+            let mut record =
+                |name: &'static str, s: &Sample| series.entry((name, c)).or_default().add(s);
+            let s = phase(
+                &Work::HttpCeiling { addr: opts.ceiling },
+                c,
+                warmup,
+                measure,
+                &next,
+                &[("handler", opts.ceiling_pid)],
+            )
+            .await?;
+            record("http_ceiling", &s)?;
+            let s = phase(
+                &Work::RedisCeiling {
+                    conn: redis.clone(),
+                    tag,
+                },
+                c,
+                warmup,
+                measure,
+                &next,
+                &[("redis", opts.redis_pid)],
+            )
+            .await?;
+            record("redis_ceiling", &s)?;
+            let path = sqlite_path.clone();
+            let s = tokio::task::spawn_blocking(move || sqlite_ceiling(&path, warmup, measure))
+                .await??;
+            record("sqlite_commit_ceiling", &s)?;
+            let (first, dup) = first_then_duplicates(
+                opts.handler,
+                tag,
+                c,
+                warmup,
+                measure,
+                &unique,
+                &next,
+                &handler,
+            )
+            .await?;
+            record("first_delivery", &first)?;
+            record("duplicate_cache_hit", &dup)?;
+            // The same on a handler without the cache: duplicates go to Redis.
+            let (_, dup) = first_then_duplicates(
+                opts.redis_handler,
+                tag ^ 0x1e1e_1e1e,
+                c,
+                warmup,
+                measure,
+                &unique_redis,
+                &next,
+                &through_redis,
+            )
+            .await?;
+            record("duplicate_redis", &dup)?;
+            if let (Some(addr), Some(pid)) = (opts.cluster_handler, opts.cluster_handler_pid) {
+                let (first, dup) = first_then_duplicates(
+                    addr,
+                    tag ^ 0x6b6b_6b6b,
+                    c,
+                    warmup,
+                    measure,
+                    &unique_cluster,
+                    &next,
+                    &[("handler", pid)],
+                )
+                .await?;
+                record("first_delivery_cluster", &first)?;
+                record("duplicate_cluster", &dup)?;
+            }
+            if let (Some(addr), Some(pid), Some(ado)) = (
+                opts.sqlserver_handler,
+                opts.sqlserver_handler_pid,
+                opts.sqlserver.as_ref(),
+            ) {
+                let s = phase(
+                    &Work::SqlRoundTrip {
+                        ado: Arc::new(ado.clone()),
+                    },
+                    c,
+                    warmup,
+                    measure,
+                    &next,
+                    &[],
+                )
+                .await?;
+                record("sqlserver_roundtrip_ceiling", &s)?;
+                let (first, dup) = first_then_duplicates(
+                    addr,
+                    tag ^ 0x3c3c_3c3c,
+                    c,
+                    warmup,
+                    measure,
+                    &unique_mssql,
+                    &next,
+                    &[("handler", pid)],
+                )
+                .await?;
+                record("first_delivery_sqlserver", &first)?;
+                record("duplicate_sqlserver", &dup)?;
+            }
+        }
+    }
+    let rss = peak_rss_mib(opts.handler_pid)?;
+
+    eprintln!("bench: {} cold starts", opts.cold_starts);
+    let mut starts = Vec::new();
+    for i in 0..opts.cold_starts {
+        // A different tag: these orders are new to the shared redis-server.
+        starts.push(cold_start(&opts, tag ^ 0x5a5a_5a5a, i).await?);
+    }
+    starts.sort();
+
+    let mut entries = Vec::new();
+    for &c in &opts.concurrency {
+        let s = |name: &'static str| &series[&(name, c)];
+        let http = ("http_ceiling", s("http_ceiling"));
+        entries.extend(figure_entries(
+            "duplicate_cache_hit",
+            "events/s",
+            c,
+            s("duplicate_cache_hit"),
+            &PERCENTILES,
+            &[http, ("redis_ceiling", s("redis_ceiling"))],
+        ));
+        entries.extend(figure_entries(
+            "duplicate_redis",
+            "events/s",
+            c,
+            s("duplicate_redis"),
+            &PERCENTILES,
+            &[http, ("redis_ceiling", s("redis_ceiling"))],
+        ));
+        if opts.cluster_handler.is_some() {
+            entries.extend(figure_entries(
+                "duplicate_cluster",
+                "events/s",
+                c,
+                s("duplicate_cluster"),
+                &PERCENTILES,
+                &[("duplicate_redis", s("duplicate_redis")), http],
+            ));
+            entries.extend(figure_entries(
+                "first_delivery_cluster",
+                "events/s",
+                c,
+                s("first_delivery_cluster"),
+                &PERCENTILES[..2],
+                &[("first_delivery", s("first_delivery"))],
+            ));
+        }
+        entries.extend(figure_entries(
+            "first_delivery",
+            "events/s",
+            c,
+            s("first_delivery"),
+            &PERCENTILES[..2],
+            &[("sqlite_commit_ceiling", s("sqlite_commit_ceiling"))],
+        ));
+        entries.extend(figure_entries(
+            "http_ceiling",
+            "req/s",
+            c,
+            s("http_ceiling"),
+            &PERCENTILES,
+            &[],
+        ));
+        entries.extend(figure_entries(
+            "redis_ceiling",
+            "ops/s",
+            c,
+            s("redis_ceiling"),
+            &PERCENTILES,
+            &[],
+        ));
+        if opts.sqlserver_handler.is_some() {
+            entries.extend(figure_entries(
+                "first_delivery_sqlserver",
+                "events/s",
+                c,
+                s("first_delivery_sqlserver"),
+                &PERCENTILES[..2],
+                &[(
+                    "sqlserver_roundtrip_ceiling",
+                    s("sqlserver_roundtrip_ceiling"),
+                )],
+            ));
+            entries.extend(figure_entries(
+                "duplicate_sqlserver",
+                "events/s",
+                c,
+                s("duplicate_sqlserver"),
+                &PERCENTILES,
+                &[http],
+            ));
+            entries.extend(figure_entries(
+                "sqlserver_roundtrip_ceiling",
+                "round trips/s",
+                c,
+                s("sqlserver_roundtrip_ceiling"),
+                &PERCENTILES[..2],
+                &[],
+            ));
+        }
+        if c == opts.concurrency[0] {
+            entries.extend(figure_entries(
+                "sqlite_commit_ceiling",
+                "commits/s",
+                1,
+                s("sqlite_commit_ceiling"),
+                &PERCENTILES[..2],
+                &[],
+            ));
+        }
+        // CPU per operation: what each process spent, whatever its neighbours
+        // did. The ratio is bare warp's CPU per request ÷ the figure (1.0: as
+        // cheap as bare warp; 0.5: twice its cost).
+        let warp_us = s("http_ceiling").cpu_us_per_op("handler");
+        let mut cpu = |name: &str, series: &Series, process: &str, vs_warp: bool| {
+            let mut e = entry(name, series.cpu_us_per_op(process), "µs CPU/op", Some(c));
+            if vs_warp {
+                e.ratio_to_ceiling = Some(warp_us / e.value);
+                e.ceiling = Some("http_ceiling_cpu".into());
+            }
+            entries.push(e);
+        };
+        cpu("http_ceiling_cpu", s("http_ceiling"), "handler", false);
+        cpu("redis_ceiling_cpu", s("redis_ceiling"), "redis", false);
+        let paths = [
+            "duplicate_cache_hit",
+            "duplicate_redis",
+            "first_delivery",
+            "duplicate_cluster",
+            "first_delivery_cluster",
+            "duplicate_sqlserver",
+            "first_delivery_sqlserver",
+        ];
+        for path in paths {
+            if let Some(series) = series.get(&(path, c)) {
+                cpu(&format!("{path}_cpu"), series, "handler", true);
+            }
+        }
+        cpu(
+            "duplicate_redis_redis_cpu",
+            s("duplicate_redis"),
+            "redis",
+            false,
+        );
+    }
+    let ms = |d: &Duration| d.as_secs_f64() * 1e3;
+    let mut cold = entry(
+        "cold_start_median",
+        ms(&starts[starts.len() / 2]),
+        "ms",
+        None,
+    );
+    cold.per_round = starts.iter().map(|d| round3(ms(d))).collect();
+    entries.push(cold);
+    entries.push(entry("cold_start_min", ms(&starts[0]), "ms", None));
+    entries.push(entry(
+        "cold_start_max",
+        ms(&starts[starts.len() - 1]),
+        "ms",
+        None,
+    ));
+    let max_c = opts.concurrency.iter().copied().max();
+    entries.push(entry("peak_rss", rss, "MiB", max_c));
+    for e in &mut entries {
+        e.value = round3(e.value);
+        e.ratio_to_ceiling = e.ratio_to_ceiling.map(round3);
+        for v in e.ratios.values_mut() {
+            *v = round3(*v);
+        }
+    }
+
+    let json = opts.out.join("results.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&entries)? + "\n")?;
+    print_table(&entries);
+    if let Some(c) = max_c {
+        print_targets(&entries, c);
+    }
+    println!("\nwrote {}", json.display());
+
+    // Plots: each path beside its ceilings, one line per concurrency.
+    use plotters::style::RGBColor;
+    // Solid: the path; dashed: its ceilings. One hue family per concurrency.
+    const PATH_COLORS: [RGBColor; 2] = [RGBColor(31, 119, 180), RGBColor(214, 39, 40)];
+    const CEILING_COLORS: [[RGBColor; 2]; 2] = [
+        [RGBColor(120, 180, 230), RGBColor(23, 190, 207)],
+        [RGBColor(255, 140, 60), RGBColor(188, 100, 160)],
+    ];
+    for (path, ceilings, max_x) in [
+        (
+            "duplicate_cache_hit",
+            &["http_ceiling", "redis_ceiling"][..],
+            10_000.0,
+        ),
+        (
+            "duplicate_redis",
+            &["http_ceiling", "redis_ceiling"][..],
+            10_000.0,
+        ),
+        ("first_delivery", &["sqlite_commit_ceiling"][..], 1_000.0),
+    ] {
+        let mut curves = Vec::new();
+        for (i, &c) in opts.concurrency.iter().enumerate() {
+            let color = PATH_COLORS[i % 2];
+            curves.push(curve(
+                format!("{path} c={c}"),
+                &series[&(path, c)],
+                color,
+                false,
+                max_x,
+            ));
+            for (j, name) in ceilings.iter().enumerate() {
+                if *name == "sqlite_commit_ceiling" && i > 0 {
+                    continue;
+                }
+                let label = if *name == "sqlite_commit_ceiling" {
+                    format!("{name} (1 writer)")
+                } else {
+                    format!("{name} c={c}")
+                };
+                let shade = CEILING_COLORS[i % 2][j % 2];
+                curves.push(curve(label, &series[&(*name, c)], shade, true, max_x));
+            }
+        }
+        let file = opts.out.join(format!("latency_{path}.png"));
+        plot(
+            &file,
+            &format!("order-guard {path} path: latency by percentile"),
+            &curves,
+            max_x,
+        )?;
+        println!("wrote {}", file.display());
+    }
+    Ok(())
+}
