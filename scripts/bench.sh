@@ -93,6 +93,30 @@ REDIS_HANDLER_PID="$!"
 PIDS+=("$REDIS_HANDLER_PID")
 wait_port "$REDIS_HANDLER_PORT" "order-guard (cache off)"
 
+# The first handler's configuration plus an OTLP exporter to a local sink
+# (`bench otlp-sink`, which takes every export): what telemetry costs in CPU
+# per event, measured beside the plain handler in the same rounds.
+# BENCH_TELEMETRY=0 skips it.
+TELEMETRY_ARGS=()
+if [ "${BENCH_TELEMETRY:-1}" != 0 ]; then
+  SINK_PORT="$(free_port)"
+  "$BENCH" otlp-sink --port "$SINK_PORT" >"$SCRATCH/otlp-sink.log" 2>&1 &
+  PIDS+=("$!")
+  wait_port "$SINK_PORT" "otlp sink"
+  OTEL_HANDLER_PORT="$(free_port)"
+  echo "==> order-guard serve on 127.0.0.1:$OTEL_HANDLER_PORT (as the first, plus OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$SINK_PORT)"
+  FUNCTIONS_CUSTOMHANDLER_PORT="$OTEL_HANDLER_PORT" \
+    REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
+    GUARD_KEY_PREFIX="ordot:" \
+    SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-otel.db" \
+    OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$SINK_PORT" \
+    RUST_LOG=warn \
+    "$BIN" serve >"$SCRATCH/handler-otel.log" 2>&1 &
+  PIDS+=("$!")
+  TELEMETRY_ARGS=(--telemetry-handler "127.0.0.1:$OTEL_HANDLER_PORT" --telemetry-handler-pid "$!")
+  wait_port "$OTEL_HANDLER_PORT" "order-guard (OTLP exporter)"
+fi
+
 # The SQL Server store on the T-SQL engine, when it is there: a second
 # handler on the same Redis (its own key prefix) and a fresh database.
 MSSQL_ARGS=()
@@ -173,7 +197,8 @@ timeout 600 "$BENCH" run \
   --redis-handler "127.0.0.1:$REDIS_HANDLER_PORT" --redis-handler-pid "$REDIS_HANDLER_PID" \
   --ceiling "127.0.0.1:$CEILING_PORT" --ceiling-pid "$CEILING_PID" \
   --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-pid "$REDIS_PID" \
-  --binary "$BIN" --scratch "$SCRATCH/cold" --out "$OUT" "${MSSQL_ARGS[@]}" "${CLUSTER_ARGS[@]}" "$@"
+  --binary "$BIN" --scratch "$SCRATCH/cold" --out "$OUT" "${MSSQL_ARGS[@]}" "${CLUSTER_ARGS[@]}" \
+  "${TELEMETRY_ARGS[@]}" "$@"
 
 # The store on the wire (issue 23): SQL round trips per first delivery and
 # per duplicate counted by a TCP proxy, 1 ms added each way, concurrency and

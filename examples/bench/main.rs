@@ -70,6 +70,12 @@ enum Mode {
         #[arg(long)]
         port: u16,
     },
+    /// An OTLP/HTTP collector that takes every export (for the handler with
+    /// telemetry on).
+    OtlpSink {
+        #[arg(long)]
+        port: u16,
+    },
     /// Measure everything and write the results.
     Run(Box<Opts>),
 }
@@ -144,6 +150,15 @@ struct Opts {
     /// Its process id.
     #[arg(long)]
     cluster_handler_pid: Option<u32>,
+    /// A handler configured as `--handler` plus an OTLP exporter
+    /// (`OTEL_EXPORTER_OTLP_ENDPOINT`, `bench otlp-sink`): its first
+    /// deliveries and duplicates are measured beside the plain handler's, in
+    /// the same rounds, for the CPU telemetry costs per event.
+    #[arg(long)]
+    telemetry_handler: Option<SocketAddr>,
+    /// Its process id.
+    #[arg(long)]
+    telemetry_handler_pid: Option<u32>,
 }
 
 fn main() -> ExitCode {
@@ -154,6 +169,7 @@ fn main() -> ExitCode {
         .expect("tokio runtime");
     let result = match cli.mode {
         Mode::CeilingServer { port } => runtime.block_on(ceiling_server(port)),
+        Mode::OtlpSink { port } => runtime.block_on(otlp_sink(port)),
         Mode::Run(opts) => runtime.block_on(run(*opts)),
     };
     match result {
@@ -182,6 +198,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     let unique_mssql = Arc::new(AtomicU64::new(0));
     let unique_cluster = Arc::new(AtomicU64::new(0));
     let unique_redis = Arc::new(AtomicU64::new(0));
+    let unique_otel = Arc::new(AtomicU64::new(0));
     let redis = redis::Client::open(opts.redis_url.as_str())?
         .get_multiplexed_async_connection()
         .await
@@ -271,6 +288,21 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 .await?;
                 record("first_delivery_cluster", &first)?;
                 record("duplicate_cluster", &dup)?;
+            }
+            if let (Some(addr), Some(pid)) = (opts.telemetry_handler, opts.telemetry_handler_pid) {
+                let (first, dup) = first_then_duplicates(
+                    addr,
+                    tag ^ 0x0e1e_0e1e,
+                    c,
+                    warmup,
+                    measure,
+                    &unique_otel,
+                    &next,
+                    &[("handler", pid)],
+                )
+                .await?;
+                record("first_delivery_otel", &first)?;
+                record("duplicate_otel", &dup)?;
             }
             if let (Some(addr), Some(pid), Some(ado)) = (
                 opts.sqlserver_handler,
@@ -377,6 +409,24 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             &PERCENTILES,
             &[],
         ));
+        if opts.telemetry_handler.is_some() {
+            entries.extend(figure_entries(
+                "duplicate_otel",
+                "events/s",
+                c,
+                s("duplicate_otel"),
+                &PERCENTILES,
+                &[("duplicate_cache_hit", s("duplicate_cache_hit"))],
+            ));
+            entries.extend(figure_entries(
+                "first_delivery_otel",
+                "events/s",
+                c,
+                s("first_delivery_otel"),
+                &PERCENTILES[..2],
+                &[("first_delivery", s("first_delivery"))],
+            ));
+        }
         if opts.sqlserver_handler.is_some() {
             entries.extend(figure_entries(
                 "first_delivery_sqlserver",
@@ -450,6 +500,24 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             "redis",
             false,
         );
+        // What telemetry costs: the handler's CPU per event with an OTLP
+        // exporter ÷ without (1.0: free).
+        for (with, without) in [
+            ("duplicate_otel", "duplicate_cache_hit"),
+            ("first_delivery_otel", "first_delivery"),
+        ] {
+            if let (Some(w), Some(o)) = (series.get(&(with, c)), series.get(&(without, c))) {
+                let mut e = entry(
+                    &format!("{with}_cpu"),
+                    w.cpu_us_per_op("handler"),
+                    "µs CPU/op",
+                    Some(c),
+                );
+                e.ratio_to_ceiling = Some(e.value / o.cpu_us_per_op("handler"));
+                e.ceiling = Some(format!("{without}_cpu"));
+                entries.push(e);
+            }
+        }
     }
     let ms = |d: &Duration| d.as_secs_f64() * 1e3;
     let mut cold = entry(

@@ -149,6 +149,12 @@ pub(crate) fn print_targets(entries: &[Entry], c: usize) {
             0.5,
             true,
         ),
+        (
+            "handler CPU per duplicate with an OTLP exporter ≤ 1.10× without",
+            find("duplicate_otel_cpu").and_then(|e| e.ratio_to_ceiling),
+            1.10,
+            false,
+        ),
     ];
     println!("\ntargets at c={c}:");
     for (goal, value, bound, at_least) in goals {
