@@ -380,7 +380,7 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
     for s in supervisors {
         let _ = s.await;
     }
-    let swept = sweep(&binary, &sweep_env, dir.path()).await;
+    let swept = sweep_until_done(&binary, &sweep_env, dir.path()).await;
     {
         let index: HashMap<&str, usize> = plan
             .orders
@@ -389,7 +389,7 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
             .map(|(i, o)| (o.id.as_str(), i))
             .collect();
         let mut answers = driver.tally.executed_answers.lock().unwrap();
-        for id in &swept.executed {
+        for id in swept.0.iter().flat_map(|r| &r.executed) {
             match index.get(id.as_str()) {
                 Some(i) => *answers.entry(*i).or_default() += 1,
                 None => problem(
@@ -399,21 +399,22 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
             }
         }
     }
-    let field = |k: &str| swept.fields.get(k).copied().unwrap_or(0);
     let dead_lettered = driver.tally.dead_lettered.load(Ordering::Relaxed);
-    let replayed = field("executed") + field("duplicates") + field("conflicts") + field("rejected");
-    if !swept.succeeded
-        || field("events") != dead_lettered
-        || replayed != dead_lettered
-        || field("moved") != field("blobs")
-    {
+    let replayed = swept.replayed();
+    let blobs = swept
+        .0
+        .first()
+        .map_or(0, |r| r.fields.get("blobs").copied().unwrap_or(0));
+    if !swept.finished() || replayed != dead_lettered || swept.total("moved") != blobs {
+        let last = swept.0.last().expect("one sweep at least");
         problem(
             &problems,
             format!(
-                "the dead-letter sweep after {dead_lettered} dead-lettered events ended `{}` (exit {}):\n{}",
-                swept.summary,
-                if swept.succeeded { "0" } else { "non-zero" },
-                swept.output.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+                "the dead-letter sweeps ({}) after {dead_lettered} dead-lettered events ended `{}` (exit {}):\n{}",
+                swept.0.len(),
+                last.summary,
+                if last.succeeded { "0" } else { "non-zero" },
+                last.output.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
             ),
         );
     }
@@ -473,7 +474,7 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
         "chaos: store={store_name} cache={cache_name} seed={seed} orders={n} deliveries={deliveries} attempts={} kills={} crashes={} \
          redis_restarts={} redis_flushes={} redis_pauses={} failovers={} db_outages={} engine_restarts={} conflicts={}/{} poison={}/{} \
          executed_once={} lost={} double={} mismatched={} positions_wrong={} \
-         orphan_reservations={} undelivered={} short_budgets={short} dead_lettered={dead_lettered} replayed={replayed} replay_executed={} replay_duplicates={} timeouts={} start_failures={} \
+         orphan_reservations={} undelivered={} short_budgets={short} dead_lettered={dead_lettered} sweeps={} replayed={replayed} replay_executed={} replay_duplicates={} timeouts={} start_failures={} \
          orphan_waits={} orphan_wait_median={:.1}s orphan_wait_max={:.1}s guard_unavailable_answers={} elapsed={:.1}s{}",
         t.attempts.load(Ordering::Relaxed),
         stats.kills.load(Ordering::Relaxed),
@@ -495,8 +496,9 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
         audit.positions_wrong,
         audit.orphan_reservations,
         t.undelivered.load(Ordering::Relaxed),
-        field("executed"),
-        field("duplicates"),
+        swept.0.len(),
+        swept.total("executed"),
+        swept.total("duplicates"),
         t.timeouts.load(Ordering::Relaxed),
         stats.start_failures.load(Ordering::Relaxed),
         waits.len(),
