@@ -5,10 +5,12 @@
 //! the password of the user named by that `oid` to a real `redis-server`
 //! whose ACL knows only those tokens (the `default` user is off, so nothing
 //! unauthenticated gets in). Rotation is watched on the server itself:
-//! `CLIENT LIST` shows the same connection, its last command `auth`.
+//! `INFO commandstats` counts one more accepted `AUTH` per connection, and
+//! `CLIENT LIST` shows the same connections.
 
 mod common;
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -46,20 +48,6 @@ fn settings() -> GuardSettings {
     }
 }
 
-/// A command as the test's administrator, on one node.
-fn admin(port: u16, args: &[&str]) -> redis::Value {
-    let url = format!("redis://{ADMIN}:{ADMIN_PASSWORD}@127.0.0.1:{port}");
-    let mut con = redis::Client::open(url)
-        .unwrap()
-        .get_connection()
-        .expect("connect as the test's administrator");
-    let mut c = redis::cmd(args[0]);
-    for a in &args[1..] {
-        c.arg(*a);
-    }
-    c.query(&mut con).expect("admin command")
-}
-
 /// On the node at `port`: the user [`OID`] knows `tokens` (1-based), an
 /// administrator for the test, and `default` off.
 fn entra_only(port: u16, tokens: &[usize]) {
@@ -93,24 +81,68 @@ fn entra_only(port: u16, tokens: &[usize]) {
         .unwrap();
 }
 
-/// The connections of user [`OID`] on the node at `port`: (id, last command).
-fn oid_connections(port: u16) -> Vec<(String, String)> {
-    let list = match admin(port, &["CLIENT", "LIST"]) {
-        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
-        redis::Value::VerbatimString { text, .. } => text,
-        other => panic!("CLIENT LIST: {other:?}"),
-    };
-    list.lines()
-        .filter_map(|line| {
-            let field = |name: &str| {
-                line.split(' ')
-                    .find_map(|f| f.strip_prefix(&format!("{name}=")))
-                    .map(str::to_string)
-            };
-            (field("user").as_deref() == Some(OID))
-                .then(|| (field("id").unwrap(), field("cmd").unwrap()))
-        })
-        .collect()
+/// The test's administrator on one node, on one connection of its own
+/// (authenticated once, so the server's count of `AUTH` calls moves only
+/// with the guard's).
+struct Admin(std::sync::Mutex<redis::Connection>);
+
+impl Admin {
+    fn connect(port: u16) -> Admin {
+        let url = format!("redis://{ADMIN}:{ADMIN_PASSWORD}@127.0.0.1:{port}");
+        let con = redis::Client::open(url)
+            .unwrap()
+            .get_connection()
+            .expect("connect as the test's administrator");
+        Admin(std::sync::Mutex::new(con))
+    }
+
+    fn cmd(&self, args: &[&str]) -> redis::Value {
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        c.query(&mut *self.0.lock().unwrap())
+            .expect("admin command")
+    }
+
+    fn text(&self, args: &[&str]) -> String {
+        match self.cmd(args) {
+            redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+            redis::Value::VerbatimString { text, .. } => text,
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
+    /// The connections of user [`OID`]: (id, last command).
+    fn oid_connections(&self) -> Vec<(String, String)> {
+        self.text(&["CLIENT", "LIST"])
+            .lines()
+            .filter_map(|line| {
+                let field = |name: &str| {
+                    line.split(' ')
+                        .find_map(|f| f.strip_prefix(&format!("{name}=")))
+                        .map(str::to_string)
+                };
+                (field("user").as_deref() == Some(OID))
+                    .then(|| (field("id").unwrap(), field("cmd").unwrap()))
+            })
+            .collect()
+    }
+
+    /// `AUTH` calls the server accepted (`INFO commandstats`: calls minus
+    /// failed ones).
+    fn auths(&self) -> u64 {
+        let stats = self.text(&["INFO", "commandstats"]);
+        let Some(line) = stats.lines().find(|l| l.starts_with("cmdstat_auth:")) else {
+            return 0;
+        };
+        let field = |name: &str| -> u64 {
+            line.split([':', ','])
+                .find_map(|f| f.strip_prefix(&format!("{name}=")))
+                .map_or(0, |v| v.parse().unwrap())
+        };
+        field("calls") - field("failed_calls") - field("rejected_calls")
+    }
 }
 
 /// Poll the server (it sends no signal) until `done`, for at most `limit`.
@@ -138,7 +170,10 @@ async fn endpoint(lifetime_secs: usize) -> IdentityEndpoint {
 async fn tokens_authenticate_the_guard_and_rotate_on_its_live_connection() {
     let server = RedisServer::start();
     entra_only(server.port, &[1, 2]);
-    // Tokens live 302 s: the refresh is due 2 s after each is handed out.
+    let admin = Admin::connect(server.port);
+    let base = admin.auths();
+    // The first token lives 302 s: its refresh is due 2 s after it is handed
+    // out.
     let ep = endpoint(302).await;
     let _env = IdentityEnv::set(Some(&ep.url), Some(HEADER_SECRET)).await;
     let guard = RedisGuard::connect(
@@ -155,36 +190,53 @@ async fn tokens_authenticate_the_guard_and_rotate_on_its_live_connection() {
         matches!(guard.acquire(&first).await, Acquisition::Acquired(_)),
         "the first token opens the door"
     );
+    // The second lives an hour: no third arrives during the test.
+    ep.lifetime.store(3600, Ordering::SeqCst);
     assert_eq!(
         ep.requests.lock().unwrap()[0].resource.as_deref(),
         Some("https://redis.azure.com"),
         "the token is asked for Redis' resource"
     );
-    let before = oid_connections(server.port);
+    let before = admin.oid_connections();
     assert_eq!(
         before.len(),
         1,
         "one connection, as the token's oid: {before:?}"
     );
-
-    // The second token arrives; the same connection authenticates again.
     let live = before[0].0.clone();
+    // Before the rotation: the connection's own AUTH, and the re-auth
+    // task's first (redis-rs subscribes afresh and gets the current token).
+    wait_for(
+        "the first token's two AUTHs",
+        Duration::from_secs(5),
+        || admin.auths() == base + 2,
+    );
+    assert_eq!(ep.tokens_handed_out(), 1, "no second token yet");
+
+    // The second token arrives; the same connection authenticates again,
+    // once.
     wait_for("the second token", Duration::from_secs(15), || {
         ep.tokens_handed_out() >= 2
     });
     wait_for(
-        "AUTH again on the live connection",
+        "AUTH with the second token on the live connection",
         Duration::from_secs(10),
-        || oid_connections(server.port) == [(live.clone(), "auth".to_string())],
+        || admin.auths() == base + 3,
+    );
+    assert_eq!(
+        admin
+            .oid_connections()
+            .iter()
+            .map(|(id, _)| id)
+            .collect::<Vec<_>>(),
+        [&live],
+        "the same connection, not a new one"
     );
 
     // The first token is withdrawn and the connection cut: the guard comes
     // back on a new connection with the second.
-    admin(
-        server.port,
-        &["ACL", "SETUSER", OID, &format!("<{}", token(1))],
-    );
-    admin(server.port, &["CLIENT", "KILL", "USER", OID]);
+    admin.cmd(&["ACL", "SETUSER", OID, &format!("<{}", token(1))]);
+    admin.cmd(&["CLIENT", "KILL", "USER", OID]);
     let second = unique_id("o");
     let mut answer = guard.acquire(&second).await;
     if matches!(answer, Acquisition::Unavailable(_)) {
@@ -192,7 +244,7 @@ async fn tokens_authenticate_the_guard_and_rotate_on_its_live_connection() {
         answer = guard.acquire(&second).await;
     }
     assert!(matches!(answer, Acquisition::Acquired(_)), "{answer:?}");
-    let after = oid_connections(server.port);
+    let after = admin.oid_connections();
     assert_eq!(after.len(), 1, "{after:?}");
     assert_ne!(after[0].0, live, "a new connection");
 }
@@ -201,6 +253,7 @@ async fn tokens_authenticate_the_guard_and_rotate_on_its_live_connection() {
 async fn no_token_leaves_the_guard_unavailable_saying_why() {
     let server = RedisServer::start();
     entra_only(server.port, &[1]);
+    let admin = Admin::connect(server.port);
     let ep = endpoint(3600).await;
     // The identity header is wrong: the endpoint refuses every request.
     let _env = IdentityEnv::set(Some(&ep.url), Some("not-the-header")).await;
@@ -221,7 +274,7 @@ async fn no_token_leaves_the_guard_unavailable_saying_why() {
         other => panic!("want Unavailable, got {other:?}"),
     }
     assert_eq!(ep.tokens_handed_out(), 0);
-    assert!(oid_connections(server.port).is_empty());
+    assert!(admin.oid_connections().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,6 +294,14 @@ async fn a_cluster_takes_the_token_on_every_node_and_rotates_it() {
     for port in cluster.live_ports() {
         entra_only(port, &[1, 2]);
     }
+    let admins: Vec<(u16, Admin, u64)> = masters
+        .iter()
+        .map(|p| {
+            let a = Admin::connect(*p);
+            let base = a.auths();
+            (*p, a, base)
+        })
+        .collect();
     let ep = endpoint(302).await;
     let _env = IdentityEnv::set(Some(&ep.url), Some(HEADER_SECRET)).await;
     let guard = RedisGuard::connect(
@@ -258,26 +319,44 @@ async fn a_cluster_takes_the_token_on_every_node_and_rotates_it() {
             "{id}: {answer:?}"
         );
     }
-    let live: Vec<(u16, String)> = masters
+    ep.lifetime.store(3600, Ordering::SeqCst);
+    // Each master: its connections as the oid, each authenticated twice
+    // with the first token (its own AUTH, the re-auth task's first), then
+    // once more with the second, on the same connections.
+    let live: Vec<Vec<String>> = admins
         .iter()
-        .flat_map(|p| oid_connections(*p).into_iter().map(|(id, _)| (*p, id)))
+        .map(|(port, admin, base)| {
+            let ids: Vec<String> = admin
+                .oid_connections()
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect();
+            assert!(!ids.is_empty(), "no connection as the oid on master {port}");
+            let n = ids.len() as u64;
+            wait_for(
+                &format!("the first token's AUTHs on master {port}"),
+                Duration::from_secs(5),
+                || admin.auths() == base + 2 * n,
+            );
+            ids
+        })
         .collect();
-    assert!(
-        live.len() >= 3,
-        "a connection as the oid on each master: {live:?}"
-    );
+    assert_eq!(ep.tokens_handed_out(), 1, "no second token yet");
     wait_for("the second token", Duration::from_secs(15), || {
         ep.tokens_handed_out() >= 2
     });
-    for (port, id) in &live {
+    for ((port, admin, base), ids) in admins.iter().zip(&live) {
+        let n = ids.len() as u64;
         wait_for(
-            &format!("AUTH again on connection {id} of node {port}"),
+            &format!("AUTH with the second token on master {port}"),
             Duration::from_secs(10),
-            || {
-                oid_connections(*port)
-                    .iter()
-                    .any(|(i, cmd)| i == id && cmd == "auth")
-            },
+            || admin.auths() == base + 3 * n,
         );
+        let now: Vec<String> = admin
+            .oid_connections()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(&now, ids, "master {port}: the same connections");
     }
 }

@@ -9,12 +9,13 @@
 //! task that takes tokens from [`TokenSource`] (the same credentials as SQL's
 //! `Active Directory Default`), publishes each new one, and sleeps until
 //! [`REFRESH_MARGIN`] before it expires, so live connections are
-//! re-authenticated minutes before the server would drop them. When no token
-//! can be had (and the kept one has expired), subscribers get the error (a
-//! new connection fails with it, so the guard is unavailable and
-//! `GUARD_UNAVAILABLE_POLICY` applies; a live one keeps its last
-//! authentication until the server ends it) and the task tries again, at
-//! pauses doubling from 1 s to 30 s.
+//! re-authenticated minutes before the server would drop them. When no new
+//! token can be had, the kept one serves while it is valid, refreshes
+//! retried at pauses doubling from 1 s to 30 s (never past its end); once it
+//! has expired, subscribers get the error (a new connection fails with it,
+//! so the guard is unavailable and `GUARD_UNAVAILABLE` applies; a live one
+//! keeps its last authentication until the server ends it) and the task
+//! tries again at the same pauses.
 //!
 //! Neither token nor secret is logged: `BasicAuth`'s `Debug` hides the
 //! password, and errors are [`crate::entra::TokenError`]'s.
@@ -70,10 +71,9 @@ async fn refresh(source: TokenSource, publish: watch::Sender<Latest>) {
         let next = match source.token_until().await {
             Ok((token, expires_on)) => match object_id(&token) {
                 Ok(oid) => {
-                    failures = 0;
                     let fresh = BasicAuth::new(oid, token);
                     // The kept token handed out again re-authenticates no one.
-                    publish.send_if_modified(|latest| {
+                    let changed = publish.send_if_modified(|latest| {
                         let same = matches!(latest, Some(Ok(kept))
                             if kept.username() == fresh.username() && kept.password() == fresh.password());
                         if !same {
@@ -81,14 +81,25 @@ async fn refresh(source: TokenSource, publish: watch::Sender<Latest>) {
                         }
                         !same
                     });
-                    Ok(expires_on)
+                    Ok((expires_on, changed))
                 }
                 Err(e) => Err(e),
             },
             Err(e) => Err(e.to_string()),
         };
+        let now = OffsetDateTime::now_utc();
         let pause = match next {
-            Ok(expires_on) => refresh_after(expires_on, OffsetDateTime::now_utc()),
+            Ok((expires_on, false)) if expires_on - now <= REFRESH_MARGIN => {
+                // The source handed the kept token back inside its margin:
+                // its refresh failed (it logged why). Back off as for any
+                // failure, but never past the kept token's end.
+                failures += 1;
+                kept_token_pause(failures, expires_on, now)
+            }
+            Ok((expires_on, _)) => {
+                failures = 0;
+                refresh_after(expires_on, now)
+            }
             Err(e) => {
                 // No valid token left (a kept one still valid would have
                 // been handed out): new connections fail with why.
@@ -100,6 +111,19 @@ async fn refresh(source: TokenSource, publish: watch::Sender<Latest>) {
         };
         tokio::time::sleep(pause).await;
     }
+}
+
+/// The pause after the `failures`-th failed refresh while the kept token
+/// still serves: [`retry_pause`], but at most until 5 s before it expires
+/// (and at least 1 s).
+pub fn kept_token_pause(
+    failures: u32,
+    expires_on: OffsetDateTime,
+    now: OffsetDateTime,
+) -> Duration {
+    let left =
+        Duration::try_from(expires_on - now - Duration::from_secs(5)).unwrap_or(Duration::ZERO);
+    retry_pause(failures).min(left).max(Duration::from_secs(1))
 }
 
 /// How long to wait before asking for the next token: until
@@ -210,6 +234,19 @@ mod tests {
             Duration::from_secs(1)
         );
         assert_eq!(refresh_after(now - hour, now), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_failing_refresh_backs_off_while_the_kept_token_serves() {
+        let now = OffsetDateTime::now_utc();
+        let minute = now + Duration::from_secs(60);
+        assert_eq!(kept_token_pause(1, minute, now), Duration::from_secs(1));
+        assert_eq!(kept_token_pause(4, minute, now), Duration::from_secs(8));
+        // Never past 5 s before the kept token's end, never a busy loop.
+        assert_eq!(kept_token_pause(9, minute, now), Duration::from_secs(30));
+        let soon = now + Duration::from_secs(20);
+        assert_eq!(kept_token_pause(9, soon, now), Duration::from_secs(15));
+        assert_eq!(kept_token_pause(9, now, now), Duration::from_secs(1));
     }
 
     #[test]

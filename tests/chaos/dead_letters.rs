@@ -184,6 +184,7 @@ pub(crate) async fn sweep_until_done(
 pub(crate) async fn sweep(binary: &Path, env: &[(String, String)], app_root: &Path) -> SweepReport {
     let mut cmd = tokio::process::Command::new(binary);
     cmd.args(["dead-letters", "replay"])
+        .kill_on_drop(true)
         .current_dir(app_root)
         .env_remove("FAILPOINTS")
         .env("RUST_LOG", "info");

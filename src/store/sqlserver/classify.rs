@@ -38,6 +38,17 @@ pub fn is_connection_lost(e: &tiberius::error::Error) -> bool {
     )
 }
 
+/// The transport under the connection broke (I/O or TLS): what a server
+/// restart does to every pooled connection at once. Narrower than
+/// [`is_connection_lost`]: a protocol error that repeats on every
+/// connection must not make a call discard the whole pool.
+pub fn is_transport_cut(e: &tiberius::error::Error) -> bool {
+    matches!(
+        e,
+        tiberius::error::Error::Io { .. } | tiberius::error::Error::Tls(_)
+    )
+}
+
 /// Classify a driver error. `what` names the operation for the log and the
 /// message (never a value from the connection string).
 pub fn classify(what: &str, e: &tiberius::error::Error) -> StoreError {

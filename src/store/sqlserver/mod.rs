@@ -77,10 +77,12 @@ pub struct SqlServerStore {
 }
 
 /// Run `$body` (an expression using `$client: &mut Client`) on a pooled
-/// connection within `$timeout`. A connection lost after it had served
-/// requests went stale in the pool (a server restart cuts every idle one at
-/// once), so the call moves on to the next, up to the pool's size; one lost
-/// before serving anything is retried once, after a pause. A connection goes
+/// connection within `$timeout`. A connection whose transport broke after it
+/// had served requests went stale in the pool (a server restart cuts every
+/// idle one at once), so the call moves on to the next, up to the pool's
+/// size; any other lost connection is retried once, after a pause. (A call
+/// retried after a cut that followed its commit answers what the row says:
+/// `done` for an execute, one more delivery counted for a rejection.) A connection goes
 /// back to the pool only after a request that finished without any error:
 /// one that timed out, was cancelled or failed (inside a transaction or not)
 /// is discarded, and closing it makes the server roll back whatever it had
@@ -106,14 +108,12 @@ macro_rules! with_client {
                     break Ok(value);
                 }
                 Ok(Err(e))
-                    if classify::is_connection_lost(&e)
-                        && conn.served
-                        && stale < $self.pool_size =>
+                    if classify::is_transport_cut(&e) && conn.served && stale < $self.pool_size =>
                 {
                     stale += 1;
                     log::warn!("{what}: a pooled connection was lost ({e}); trying the next");
                 }
-                Ok(Err(e)) if classify::is_connection_lost(&e) && !conn.served && !fresh_lost => {
+                Ok(Err(e)) if classify::is_connection_lost(&e) && !fresh_lost => {
                     fresh_lost = true;
                     log::warn!("{what}: connection lost ({e}); retrying once on a new connection");
                     drop(conn);
