@@ -11,6 +11,7 @@
 mod common;
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -20,6 +21,9 @@ use order_guard::entra::{TokenSource, REDIS_SCOPE};
 use order_guard::guard::{
     Acquisition, EntraCredentials, GuardSettings, IdempotencyGuard, RedisGuard, Topology,
 };
+use order_guard::order::OrderStatus;
+use order_guard::processor::OutcomeKind;
+use order_guard::store::OrderStore;
 
 /// The object id every test token names.
 const OID: &str = "5b2c0f3e-8d41-4a77-9c1e-0a6f2d3b4c5d";
@@ -275,6 +279,18 @@ async fn no_token_leaves_the_guard_unavailable_saying_why() {
     }
     assert_eq!(ep.tokens_handed_out(), 0);
     assert!(admin.oid_connections().is_empty());
+    // The policy applies (`GUARD_UNAVAILABLE=proceed`, the default): the
+    // store alone decides, and the order is executed once.
+    let (store, _dir) = common::sqlite_store().await;
+    let processor = common::processor(Arc::new(guard), store.clone());
+    let id = unique_id("o");
+    let event = common::eg_event(common::order_data(&id, "buy", "MSFT", "3", "acct-1"));
+    let outcome = processor.process_event(&event).await;
+    assert_eq!(outcome.outcome, OutcomeKind::Executed, "{outcome:?}");
+    assert_eq!(
+        store.order(&id).await.unwrap().map(|r| r.status),
+        Some(OrderStatus::Executed)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
