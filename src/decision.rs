@@ -424,6 +424,35 @@ mod tests {
 
     const P: GuardPolicy = GuardPolicy::Proceed;
 
+    /// The labels are the wire names (the answer's `outcome`, the log
+    /// line's `outcome=`, the README's outcomes table), and which outcomes
+    /// ask for a redelivery or prove the order finished.
+    #[test]
+    fn outcome_labels_are_the_wire_names() {
+        let labels: Vec<&str> = OutcomeKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "executed",
+                "duplicate",
+                "in_progress",
+                "conflict",
+                "rejected",
+                "retry"
+            ]
+        );
+        let redeliver: Vec<bool> = OutcomeKind::ALL
+            .iter()
+            .map(|k| k.needs_redelivery())
+            .collect();
+        assert_eq!(redeliver, [false, false, true, false, false, true]);
+        let finished: Vec<bool> = OutcomeKind::ALL
+            .iter()
+            .map(|k| k.proves_finished())
+            .collect();
+        assert_eq!(finished, [true, true, false, false, false, false]);
+    }
+
     #[test]
     fn first_delivery_executes_in_one_store_call_and_marks_completed() {
         let steps = run(
