@@ -102,6 +102,18 @@ mod tests {
     }
 
     #[test]
+    fn size_counts_the_entries_and_their_weighed_bytes() {
+        let c = FinishedOrders::new(FinishedCacheSettings::default()).expect("enabled");
+        assert_eq!(c.size(), (0, 0));
+        c.remember("o-1", "v2:abc");
+        c.remember("order-22", "v2:defg");
+        // moka counts on its maintenance pass (telemetry reads estimates).
+        c.cache.run_pending_tasks();
+        let overhead = u64::from(ENTRY_OVERHEAD_BYTES);
+        assert_eq!(c.size(), (2, (3 + 6 + overhead) + (8 + 7 + overhead)));
+    }
+
+    #[test]
     fn zero_bytes_means_no_cache() {
         let off = FinishedCacheSettings {
             max_bytes: 0,
