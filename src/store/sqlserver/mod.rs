@@ -8,8 +8,9 @@
 //! once, counting redeliveries ([`sql::REJECT`]).
 //!
 //! Every call takes a pooled connection (bb8, [`pool`]), runs under the
-//! query timeout, and retries at most once, at once, when the connection
-//! turned out to be dead; longer back-off is Event Grid's job. Statements
+//! query timeout, moves past pooled connections a server restart cut and
+//! retries a lost one once (`with_client!`); longer back-off is Event
+//! Grid's job. Statements
 //! live in [`sql`], error numbers in [`classify`], the connection string in
 //! [`connstr`], Entra ID tokens from [`crate::entra`].
 
@@ -82,8 +83,9 @@ pub struct SqlServerStore {
 /// idle one at once), so the call moves on to the next, up to the pool's
 /// size; any other lost connection is retried once, after a pause. (A call
 /// retried after a cut that followed its commit answers what the row says:
-/// `done` for an execute, one more delivery counted for a rejection.) A connection goes
-/// back to the pool only after a request that finished without any error:
+/// `done` for an execute, one more delivery counted for a rejection.) A
+/// connection goes back to the pool only after a request that finished
+/// without any error:
 /// one that timed out, was cancelled or failed (inside a transaction or not)
 /// is discarded, and closing it makes the server roll back whatever it had
 /// open.
