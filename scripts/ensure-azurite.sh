@@ -22,4 +22,4 @@ mkdir -p .tools
 npm install --prefix .tools --no-audit --no-fund --silent azurite@3 >&2 \
   || { echo "error: npm could not install azurite into .tools/ (no access to the npm registry?)" >&2; exit 1; }
 [ -x "$bin" ] || { echo "error: $bin is missing after npm install" >&2; exit 1; }
-echo "==> azurite $(node .tools/node_modules/azurite/dist/src/blob/main.js --version 2>/dev/null || echo installed)"
+echo "==> azurite $(node .tools/node_modules/azurite/dist/src/blob/main.js --disableTelemetry --version 2>/dev/null || echo installed)"

@@ -215,3 +215,44 @@ fn the_key_format_stated_is_the_one_the_guard_writes() {
         "the README states a reservation value without the deadline"
     );
 }
+
+/// Every command line we hand a reader or run ourselves that starts Azurite
+/// turns its usage telemetry off (by default it reports to a Microsoft host
+/// on the internet): the README, the docs and the scripts.
+#[test]
+fn every_azurite_command_we_show_or_run_disables_its_telemetry() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    for dir in ["docs", "scripts"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            files.push(entry.unwrap().path());
+        }
+    }
+    files.push(root.join("tests/common/azurite.rs"));
+    let starts = ["npx azurite", "azurite-blob ", "azurite --", "main.js"];
+    let mut checked = 0;
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if starts.iter().any(|s| line.contains(s)) {
+                checked += 1;
+                assert!(
+                    line.contains("--disableTelemetry"),
+                    "{}:{}: Azurite started without --disableTelemetry: {line}",
+                    path.display(),
+                    n + 1
+                );
+            }
+        }
+    }
+    // tests/common/azurite.rs passes its flags one per line.
+    let harness = std::fs::read_to_string(root.join("tests/common/azurite.rs")).unwrap();
+    assert!(
+        harness.contains("\"--disableTelemetry\""),
+        "the test harness's Azurite"
+    );
+    assert!(
+        checked >= 2,
+        "the check found the Azurite commands ({checked})"
+    );
+}
