@@ -5,7 +5,7 @@
 //! logged fields (event id, order id, reason) carry line breaks and other
 //! control characters; every line it prints must be one of its own.
 
-use std::process::Command;
+mod common;
 
 use serde_json::{json, Value};
 
@@ -15,18 +15,7 @@ const FORGED: &str = "FORGED order o-9 executed";
 /// `order-guard replay` of `deliveries` on the embedded defaults, with every
 /// log level on; everything it printed.
 fn replay(deliveries: &Value, vars: &[(&str, &str)]) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("events.json");
-    std::fs::write(&file, deliveries.to_string()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_order-guard"))
-        .arg("replay")
-        .arg(&file)
-        .env_clear()
-        .env("RUST_LOG", "trace")
-        .envs(vars.iter().copied())
-        .current_dir(dir.path())
-        .output()
-        .expect("run order-guard");
+    let out = common::replay_binary(deliveries, "trace", vars);
     assert!(out.status.success(), "replay failed: {out:?}");
     format!(
         "{}{}",
@@ -35,16 +24,7 @@ fn replay(deliveries: &Value, vars: &[(&str, &str)]) -> String {
     )
 }
 
-fn event(id: &str, data: Value) -> Value {
-    json!({
-        "id": id,
-        "eventType": "Trading.Order.Placed",
-        "subject": "orders",
-        "eventTime": "2025-06-14T09:30:02Z",
-        "dataVersion": "1.0",
-        "data": data,
-    })
-}
+use common::eg_event_with_id as event;
 
 fn order(id: &str) -> Value {
     json!({"orderId": id, "accountId": "acc-1", "side": "buy", "symbol": "MSFT", "quantity": "1"})

@@ -5,26 +5,14 @@
 //! binary's two streams are read apart and each line classified by that
 //! rule.
 
-use std::net::TcpListener;
-use std::process::Command;
+mod common;
 
 use order_guard::logging::{host_severity, HostSeverity, Stream};
 use serde_json::{json, Value};
 
 /// Each line the binary printed, with the stream it came on.
 fn replay(deliveries: &Value, vars: &[(&str, &str)]) -> (Vec<(Stream, String)>, bool) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("events.json");
-    std::fs::write(&file, deliveries.to_string()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_order-guard"))
-        .arg("replay")
-        .arg(&file)
-        .env_clear()
-        .env("RUST_LOG", "info")
-        .envs(vars.iter().copied())
-        .current_dir(dir.path())
-        .output()
-        .expect("run order-guard");
+    let out = common::replay_binary(deliveries, "info", vars);
     let lines = |stream, bytes: &[u8]| {
         String::from_utf8_lossy(bytes)
             .lines()
@@ -36,16 +24,7 @@ fn replay(deliveries: &Value, vars: &[(&str, &str)]) -> (Vec<(Stream, String)>, 
     (all, out.status.success())
 }
 
-fn event(id: &str, data: Value) -> Value {
-    json!({
-        "id": id,
-        "eventType": "Trading.Order.Placed",
-        "subject": "orders",
-        "eventTime": "2025-06-14T09:30:02Z",
-        "dataVersion": "1.0",
-        "data": data,
-    })
-}
+use common::eg_event_with_id as event;
 
 fn order(id: &str, quantity: &str) -> Value {
     json!({"orderId": id, "accountId": "acc-1", "side": "buy", "symbol": "MSFT", "quantity": quantity})
@@ -120,11 +99,7 @@ fn executed_is_information_conflict_and_poison_are_warnings() {
 fn a_retry_is_an_error() {
     // A Redis that refuses connections, and a policy that answers `retry`
     // without it: every delivery is an error-level line.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let url = format!("redis://127.0.0.1:{port}");
     let (lines, ok) = replay(
         &json!([event("e-1", order("o-1", "1"))]),

@@ -787,6 +787,41 @@ pub fn order_data(id: &str, side: &str, symbol: &str, quantity: &str, account: &
     })
 }
 
+/// An Event Grid schema event with a fixed `id` around `data` (the fields
+/// the replay tests read back).
+pub fn eg_event_with_id(id: &str, data: Value) -> Value {
+    json!({
+        "id": id,
+        "eventType": "Trading.Order.Placed",
+        "subject": "orders",
+        "eventTime": "2025-06-14T09:30:02Z",
+        "dataVersion": "1.0",
+        "data": data,
+    })
+}
+
+/// `order-guard replay` of `deliveries` (a JSON array of events) on the
+/// embedded defaults in a temp dir, a clean environment plus `RUST_LOG`
+/// and `vars`; what it printed, each stream apart.
+pub fn replay_binary(
+    deliveries: &Value,
+    rust_log: &str,
+    vars: &[(&str, &str)],
+) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("events.json");
+    std::fs::write(&file, deliveries.to_string()).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_order-guard"))
+        .arg("replay")
+        .arg(&file)
+        .env_clear()
+        .env("RUST_LOG", rust_log)
+        .envs(vars.iter().copied())
+        .current_dir(dir.path())
+        .output()
+        .expect("run order-guard")
+}
+
 /// An Event Grid schema event around `data`.
 pub fn eg_event(data: Value) -> Value {
     json!({

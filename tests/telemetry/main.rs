@@ -20,16 +20,7 @@ mod receiver;
 
 use receiver::{attributes, histogram_counts, points, Receiver};
 
-fn event(id: &str, data: Value) -> Value {
-    json!({
-        "id": id,
-        "eventType": "Trading.Order.Placed",
-        "subject": "orders",
-        "eventTime": "2025-06-14T09:30:02Z",
-        "dataVersion": "1.0",
-        "data": data,
-    })
-}
+use common::eg_event_with_id as event;
 
 fn order(id: &str, quantity: &str) -> Value {
     json!({"orderId": id, "accountId": "acc-1", "side": "buy", "symbol": "MSFT",
