@@ -85,9 +85,14 @@ pub async fn build_checked_guard(config: &Config) -> anyhow::Result<Arc<dyn Idem
 /// The store the configuration asks for (not migrated).
 pub async fn build_store(config: &Config) -> anyhow::Result<Arc<dyn OrderStore>> {
     Ok(match &config.store {
-        StoreConfig::Sqlite { path } => {
-            Arc::new(SqliteStore::open(path, config.sqlite_busy_timeout)?)
-        }
+        // Opening reads the journal mode, which another process's lock can
+        // refuse past the busy timeout: waited out like the schema check.
+        StoreConfig::Sqlite { path } => Arc::new(
+            patiently("sqlite", || async {
+                SqliteStore::open(path, config.sqlite_busy_timeout)
+            })
+            .await?,
+        ),
         StoreConfig::SqlServer { connection_string } => Arc::new(SqlServerStore::connect(
             connection_string,
             &config.sqlserver,
@@ -235,16 +240,25 @@ fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) {
 
 /// `migrate`, retrying transient failures with back-off for a bounded time.
 async fn migrate_at_start(store: &dyn OrderStore) -> Result<(), crate::store::StoreError> {
+    patiently(store.name(), || store.migrate()).await
+}
+
+/// `attempt` again while it fails transiently (a locked file), pausing 100 ms
+/// doubling to 2 s, within [`MIGRATE_AT_START_PATIENCE`].
+async fn patiently<T, F, Fut>(store: &str, mut attempt: F) -> Result<T, crate::store::StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::store::StoreError>>,
+{
     let started = std::time::Instant::now();
     let mut pause = Duration::from_millis(100);
     loop {
-        match store.migrate().await {
+        match attempt().await {
             Err(crate::store::StoreError::Transient(e))
                 if started.elapsed() + pause < MIGRATE_AT_START_PATIENCE =>
             {
                 log::warn!(
-                    "{} schema not checked yet ({e}); retrying in {} ms",
-                    store.name(),
+                    "{store} store not ready yet ({e}); retrying in {} ms",
                     pause.as_millis()
                 );
                 tokio::time::sleep(pause).await;
