@@ -489,3 +489,49 @@ async fn prune_guard_forgets_completions_lost_by_a_restore() {
         OutcomeKind::Duplicate
     );
 }
+
+/// A store that cannot answer within the internal deadline (its file
+/// locked by another process) makes the event `retry`, saying which
+/// deadline passed, and leaves no reservation behind.
+#[tokio::test]
+async fn a_store_slower_than_the_deadline_answers_retry_naming_the_deadline() {
+    use order_guard::processor::{Processor, ProcessorSettings};
+    use order_guard::store::SqliteStore;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orders.db");
+    let store = SqliteStore::open(&path, Duration::from_secs(60)).unwrap();
+    store.migrate().await.unwrap();
+    let settings = ProcessorSettings {
+        deadline: Duration::from_millis(200),
+        ..ProcessorSettings::default()
+    };
+    let guard = common::memory_guard();
+    let processor = Processor::new(guard.clone(), Arc::new(store), settings);
+    let id = unique_id("slow");
+
+    let lock = rusqlite::Connection::open(&path).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let result = processor
+        .process_trigger(eg_event(order_data(&id, "buy", "MSFT", "1", "acct-slow")))
+        .await;
+    lock.execute_batch("ROLLBACK").unwrap();
+
+    let outcome = &result.outcomes[0];
+    assert_eq!(outcome.outcome, OutcomeKind::Retry, "{outcome:?}");
+    assert_eq!(
+        outcome.reason.as_deref(),
+        Some("transient store failure: internal deadline of 200 ms passed; Event Grid will retry"),
+        "{outcome:?}"
+    );
+    assert!(result.needs_redelivery());
+    // Released: the redelivery is not held off as `in_progress`.
+    let again = processor
+        .process_trigger(eg_event(order_data(&id, "buy", "MSFT", "1", "acct-slow")))
+        .await;
+    assert_eq!(
+        again.outcomes[0].outcome,
+        OutcomeKind::Executed,
+        "{again:?}"
+    );
+}

@@ -114,5 +114,41 @@ fn a_retry_is_an_error() {
         "the delivery cannot succeed without its guard: {lines:#?}"
     );
     assert_eq!(severity_of(&lines, "outcome=retry"), HostSeverity::Error);
+    assert!(
+        !lines.iter().any(|(_, l)| l.contains("proceeding")),
+        "the retry policy does not proceed: {lines:#?}"
+    );
+    assert_levels_match(&lines);
+}
+
+#[test]
+fn proceeding_without_the_guard_is_a_warning() {
+    // The `proceed` policy executes on the store's unique index alone, and
+    // says so at warning level: an operator sees the degraded period.
+    let port = common::free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let (lines, ok) = replay(
+        &json!([event("e-1", order("o-1", "1"))]),
+        &[
+            ("REDIS_URL", &url),
+            ("GUARD_UNAVAILABLE", "proceed"),
+            ("REDIS_TIMEOUT_MS", "100"),
+        ],
+    );
+    assert!(ok, "the store alone executes the order: {lines:#?}");
+    assert_eq!(
+        severity_of(&lines, "order o-1: guard unavailable"),
+        HostSeverity::Warning
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|(_, l)| l.contains("proceeding on the store's unique index")),
+        "{lines:#?}"
+    );
+    assert_eq!(
+        severity_of(&lines, "outcome=executed"),
+        HostSeverity::Information
+    );
     assert_levels_match(&lines);
 }

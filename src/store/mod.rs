@@ -29,7 +29,9 @@ use crate::order::{
 };
 use crate::position::{Overflow, Position};
 
-pub use self::sqlite::{Pressure, SqliteStore, MAX_QUEUED as SQLITE_MAX_QUEUED};
+pub use self::sqlite::{
+    Pressure, SqliteStore, MAX_GROUP as SQLITE_MAX_GROUP, MAX_QUEUED as SQLITE_MAX_QUEUED,
+};
 pub use self::sqlserver::SqlServerStore;
 
 /// What `execute` did.

@@ -42,7 +42,7 @@ const SCHEMA: &str = include_str!("../../sql/sqlite/schema.sql");
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 /// At most this many calls share one commit.
-const MAX_GROUP: usize = 64;
+pub const MAX_GROUP: usize = 64;
 
 /// At most this many calls wait for the writer; more are answered `retry` at
 /// once. Sixteen full groups: at a few milliseconds per durable commit, well
@@ -113,12 +113,19 @@ pub struct Pressure {
     pub refused: u64,
     /// Calls skipped because their caller had stopped waiting.
     pub skipped: u64,
+    /// Groups the writer committed (or tried to): calls ÷ commits is how
+    /// many calls one fsync served.
+    pub commits: u64,
+    /// The most calls one group has held (at most [`MAX_GROUP`]).
+    pub largest_group: u64,
 }
 
 #[derive(Default)]
 struct PressureCounters {
     refused: AtomicU64,
     skipped: AtomicU64,
+    commits: AtomicU64,
+    largest_group: AtomicU64,
 }
 
 /// SQLite-backed store.
@@ -211,6 +218,8 @@ impl SqliteStore {
         Pressure {
             refused: self.pressure.refused.load(Ordering::Relaxed),
             skipped: self.pressure.skipped.load(Ordering::Relaxed),
+            commits: self.pressure.commits.load(Ordering::Relaxed),
+            largest_group: self.pressure.largest_group.load(Ordering::Relaxed),
         }
     }
 
@@ -260,6 +269,9 @@ fn writer(mut conn: Connection, queue: mpsc::Receiver<Job>, pressure: &PressureC
             }
         }
         if !group.is_empty() {
+            pressure
+                .largest_group
+                .fetch_max(group.len() as u64, Ordering::Relaxed);
             run_group(&mut conn, group, pressure);
         }
     }
@@ -305,6 +317,7 @@ fn run_group(conn: &mut Connection, group: Vec<Job>, pressure: &PressureCounters
             return;
         }
     }
+    pressure.commits.fetch_add(1, Ordering::Relaxed);
     match conn.execute_batch("COMMIT") {
         Ok(()) => {
             for r in replies {
@@ -602,5 +615,30 @@ impl OrderStore for SqliteStore {
             pool: None,
             writer: Some((p.refused, p.skipped)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The place a copy cannot share: the canonical path, the file's device
+    /// and inode, and this machine's id (a copy on another machine at the
+    /// same path is another database).
+    #[test]
+    fn the_place_is_the_full_path_the_inode_and_the_machine() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orders.db");
+        std::fs::write(&path, b"").unwrap();
+        let [full, file, machine] = place_of(&path);
+        let canonical = std::fs::canonicalize(&path).unwrap();
+        assert_eq!(full, canonical.display().to_string());
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!(file, format!("{}:{}", m.dev(), m.ino()));
+        let id = std::fs::read_to_string("/etc/machine-id")
+            .expect("this test needs /etc/machine-id (systemd or dbus writes it)");
+        assert_eq!(machine, id.trim());
+        assert!(!machine.is_empty(), "/etc/machine-id is empty");
     }
 }
