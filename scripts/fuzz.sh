@@ -14,7 +14,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "fuzz.sh: installing cargo-fuzz" >&2
   cargo install cargo-fuzz --locked
 fi
-targets=(invocation connection_strings numbers)
+targets=(invocation connection_strings numbers dead_letters)
 if [[ "$target" != all ]]; then
   targets=("$target")
 fi

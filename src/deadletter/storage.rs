@@ -230,7 +230,13 @@ fn parse_container_url(v: &str) -> Result<StorageTarget, String> {
     };
     check_account(&account)?;
     check_endpoint(&endpoint, "the container URL")?;
-    crate::deadletter::storage::check_container(container)?;
+    // Not quoted: an operator who pastes `URL;AccountKey=…` would see the
+    // key in the error (found by fuzz/fuzz_targets/dead_letters.rs).
+    check_container(container).map_err(|_| {
+        "the last part of the container URL's path is not a container name: 3 to 63 lowercase \
+         letters, digits and single hyphens, starting and ending with a letter or digit"
+            .to_string()
+    })?;
     let credential = match query.filter(|q| !q.is_empty()) {
         Some(q) if q.contains("sig=") => Credential::Sas(Secret::new(q)),
         Some(_) => {
@@ -475,6 +481,16 @@ mod tests {
         let t =
             parse_storage("https://ordersdl.blob.core.windows.net/dlq?sv=1&sig=SECRETSIG").unwrap();
         assert!(!format!("{t:?}").contains("SECRETSIG"));
+    }
+
+    /// Found by fuzzing: a container URL with a connection string pasted
+    /// after it was refused with its path, key and all, in the error.
+    #[test]
+    fn a_refused_container_url_never_shows_what_follows_it() {
+        let e = parse_storage("https://acct.blob.core.windows.net/dead-letters;AccountKey=S3cr3t")
+            .unwrap_err();
+        assert!(!e.contains("S3cr3t"), "{e}");
+        assert!(e.contains("container name"), "{e}");
     }
 
     #[test]
