@@ -113,10 +113,12 @@ fn a_reason_cannot_forge_a_line() {
 fn the_per_event_line_ends_in_a_stable_key_value_tail() {
     let mut poison = order("o-8");
     poison["side"] = json!(format!("b\n{FORGED}"));
+    let began = std::time::Instant::now();
     let out = replay(
         &json!([event("e7", order("o-7")), event("e8", poison)]),
         &[],
     );
+    let whole_run = began.elapsed();
     let executed = out
         .lines()
         .find(|l| l.contains("order o-7 event e7: executed"))
@@ -127,6 +129,18 @@ fn the_per_event_line_ends_in_a_stable_key_value_tail() {
         "{tail}"
     );
     assert!(!tail.contains("reason="), "{tail}");
+    // `ms` is the event's own time in milliseconds: some (a first delivery
+    // commits to SQLite), and less than the whole process took.
+    let ms: f64 = tail
+        .split(" ms=")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no ms=<number> in {tail}"));
+    assert!(
+        ms > 0.0 && ms <= whole_run.as_secs_f64() * 1e3,
+        "ms={ms} for an event of a {whole_run:?} run: {tail}"
+    );
     // A refused order is logged by the rejection path, not here; a conflict
     // carries its reason in the tail.
     let conflict = replay(
