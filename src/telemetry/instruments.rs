@@ -260,13 +260,25 @@ fn db_system(component: &str) -> Option<&'static str> {
 /// What a component can show of its load, read at each metric export.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadReport {
-    /// This instance's cache of finished orders: entries and weighted bytes.
-    pub cache: Option<(u64, u64)>,
+    /// This instance's cache of finished orders.
+    pub cache: Option<CacheReport>,
     /// A connection pool.
     pub pool: Option<PoolReport>,
     /// The SQLite writer's queue: calls refused because it was full, calls
     /// skipped because their caller had stopped waiting (cumulative).
     pub writer: Option<(u64, u64)>,
+}
+
+/// The cache of finished orders: its size now, its lookups so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheReport {
+    /// Entries and weighted bytes (moka's estimates).
+    pub entries: u64,
+    pub bytes: u64,
+    /// Lookups that answered the event, and those that could not
+    /// (cumulative).
+    pub hits: u64,
+    pub misses: u64,
 }
 
 /// A connection pool's state.
@@ -305,8 +317,8 @@ pub(super) fn observe(meter: &Meter, source: Arc<dyn LoadSource>) {
         .with_unit("{order}")
         .with_description("Orders in this instance's cache of finished orders")
         .with_callback(move |o| {
-            if let Some((entries, _)) = s.load().cache {
-                o.observe(entries, &[]);
+            if let Some(c) = s.load().cache {
+                o.observe(c.entries, &[]);
             }
         })
         .build();
@@ -316,8 +328,36 @@ pub(super) fn observe(meter: &Meter, source: Arc<dyn LoadSource>) {
         .with_unit("By")
         .with_description("Weighted size of this instance's cache of finished orders")
         .with_callback(move |o| {
-            if let Some((_, bytes)) = s.load().cache {
-                o.observe(bytes, &[]);
+            if let Some(c) = s.load().cache {
+                o.observe(c.bytes, &[]);
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_counter("order_guard.cache.lookups")
+        .with_unit("{lookup}")
+        .with_description("Lookups in this instance's cache of finished orders, by result: hit (the event answered from it) or miss")
+        .with_callback(move |o| {
+            if let Some(c) = s.load().cache {
+                o.observe(c.hits, &[KeyValue::new("order_guard.cache.result", "hit")]);
+                o.observe(c.misses, &[KeyValue::new("order_guard.cache.result", "miss")]);
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .f64_observable_gauge("order_guard.cache.hit_ratio")
+        .with_unit("1")
+        .with_description("Hits per lookup in this instance's cache of finished orders, since the process started")
+        .with_callback(move |o| {
+            // Since the start, so that every reader sees the same value; a
+            // recent ratio is the lookups counter's rates, hit over all.
+            if let Some(c) = s.load().cache {
+                let lookups = c.hits + c.misses;
+                if lookups > 0 {
+                    o.observe(c.hits as f64 / lookups as f64, &[]);
+                }
             }
         })
         .build();

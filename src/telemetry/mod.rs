@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use instruments::{
-    EventReport, EventTelemetry, LoadReport, LoadSource, PoolReport, StepTiming,
+    CacheReport, EventReport, EventTelemetry, LoadReport, LoadSource, PoolReport, StepTiming,
 };
 
 /// What to export, built by `config` from the standard `OTEL_*` variables.

@@ -18,7 +18,7 @@ mod app_insights;
 mod common;
 mod receiver;
 
-use receiver::{attributes, histogram_counts, points, Receiver};
+use receiver::{attributes, double_points, histogram_counts, points, Receiver};
 
 use common::eg_event_with_id as event;
 
@@ -157,6 +157,20 @@ async fn a_replay_exports_outcomes_durations_and_a_span_per_event() {
     assert_eq!(step("reject", Some("sqlite")), 1, "{steps:?}");
     let cache = points(&metrics["order_guard.cache.entries"]);
     assert_eq!(cache.len(), 1, "{cache:?}");
+    // The first delivery missed the cache; its duplicate and the conflict
+    // were answered from it; the poison event never looked.
+    let mut lookups = points(&metrics["order_guard.cache.lookups"]);
+    lookups.sort();
+    assert_eq!(
+        lookups,
+        vec![
+            (attrs(&[("order_guard.cache.result", "hit")]), 2),
+            (attrs(&[("order_guard.cache.result", "miss")]), 1),
+        ]
+    );
+    let ratio = double_points(&metrics["order_guard.cache.hit_ratio"]);
+    assert_eq!(ratio.len(), 1, "{ratio:?}");
+    assert!((ratio[0].1 - 2.0 / 3.0).abs() < 1e-9, "{ratio:?}");
     let writer = points(&metrics["order_guard.sqlite.writer.refused"]);
     assert_eq!(writer, vec![(BTreeMap::new(), 0)]);
 

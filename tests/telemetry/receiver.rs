@@ -160,6 +160,21 @@ pub fn points(metric: &Metric) -> Vec<(BTreeMap<String, String>, i64)> {
         .collect()
 }
 
+/// The data points of a gauge of doubles: attributes → value.
+pub fn double_points(metric: &Metric) -> Vec<(BTreeMap<String, String>, f64)> {
+    let Some(metric::Data::Gauge(gauge)) = &metric.data else {
+        panic!("{} is not a gauge: {:?}", metric.name, metric.data);
+    };
+    gauge
+        .data_points
+        .iter()
+        .map(|p| match p.value {
+            Some(number_data_point::Value::AsDouble(d)) => (attributes(&p.attributes), d),
+            other => panic!("{}: not a double: {other:?}", metric.name),
+        })
+        .collect()
+}
+
 /// The data points of a histogram: attributes → count.
 pub fn histogram_counts(metric: &Metric) -> Vec<(BTreeMap<String, String>, u64)> {
     match &metric.data {
