@@ -141,6 +141,8 @@ impl LoadSource for Processor {
                 idle: p.idle,
                 pending: p.pending,
                 timeouts: p.timeouts,
+                logins_running: p.logins_running,
+                logins_waiting: p.logins_waiting,
             }),
             writer: store.writer,
         }

@@ -6,7 +6,8 @@
 //! `messaging.system = eventgrid`), `db.client.connection.count` for the
 //! SQL Server pool, `db.system.name` / `db.operation.name` on the steps that
 //! call Redis or a database, `faas.invocation_id` for the host's invocation
-//! id. The rest is ours, under `order_guard.`.
+//! id. The rest is ours, under `order_guard.` (no convention counts a
+//! cache's lookups or a pool's logins in flight).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -293,6 +294,10 @@ pub struct PoolReport {
     pub pending: u64,
     /// Callers that stopped waiting at the connect timeout (cumulative).
     pub timeouts: u64,
+    /// Logins in flight: running (holding one of the pool's login turns)
+    /// and waiting (for a turn, or pausing after a failed attempt).
+    pub logins_running: u64,
+    pub logins_waiting: u64,
 }
 
 /// Something whose load telemetry observes (the processor: its cache and
@@ -386,6 +391,23 @@ pub(super) fn observe(meter: &Meter, source: Arc<dyn LoadSource>) {
         .with_callback(move |o| {
             if let Some(p) = s.load().pool {
                 o.observe(p.pending, &pool_attributes(&p));
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_gauge("order_guard.sql.logins_in_flight")
+        .with_unit("{login}")
+        .with_description("Logins the store's pool has in flight, running (holding a login turn) or waiting (for a turn, or to try again)")
+        .with_callback(move |o| {
+            if let Some(p) = s.load().pool {
+                let attributes = |state| {
+                    let mut a = pool_attributes(&p).to_vec();
+                    a.push(KeyValue::new("order_guard.login.state", state));
+                    a
+                };
+                o.observe(p.logins_running, &attributes("running"));
+                o.observe(p.logins_waiting, &attributes("waiting"));
             }
         })
         .build();

@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::Span;
+use order_guard::telemetry::{OtlpSettings, TelemetrySettings};
 use serde_json::{json, Value};
 
 mod app_insights;
 #[path = "../common/mod.rs"]
 mod common;
+mod pool;
 mod receiver;
 
 use receiver::{attributes, double_points, histogram_counts, points, Receiver};
@@ -66,6 +68,20 @@ async fn replay(deliveries: &Value, vars: &[(&str, String)]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout.lines().last().unwrap_or_default().to_string()
+}
+
+/// What `config` builds for `OTEL_EXPORTER_OTLP_ENDPOINT` = `collector`,
+/// for the tests that start telemetry in-process.
+fn otlp_settings(collector: &Receiver) -> TelemetrySettings {
+    TelemetrySettings {
+        otlp: Some(OtlpSettings {
+            traces_endpoint: format!("{}/v1/traces", collector.endpoint()),
+            metrics_endpoint: format!("{}/v1/metrics", collector.endpoint()),
+            headers: Vec::new(),
+            timeout: Duration::from_secs(10),
+        }),
+        ..TelemetrySettings::default()
+    }
 }
 
 fn closed_port() -> u16 {
