@@ -19,10 +19,13 @@
 //!   processor (a bounded queue, drained on a thread of its own, full means
 //!   dropped), metrics are aggregated in memory and read by the SDK's
 //!   periodic reader on its thread; a collector that is down costs the
-//!   telemetry only.
+//!   telemetry only;
+//! - what is lost is counted (`otel.sdk.*`) and logged once per run of
+//!   failures, from the exporters' threads (`pipeline.rs`).
 
 mod export;
 mod instruments;
+mod pipeline;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 mod app_insights;
 #[path = "../common/mod.rs"]
 mod common;
+mod losses;
 mod pool;
 mod receiver;
 
