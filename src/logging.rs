@@ -57,6 +57,27 @@ pub fn stream_for(level: Level) -> Stream {
     }
 }
 
+/// The SDK's error line for each failed export (one per batch of spans,
+/// one per metric export: a flood while a collector is down). Telemetry's
+/// exporters count each failure and say it once per run of failures
+/// (`telemetry/pipeline.rs`), so these are not written.
+const SAID_ONCE_BY_TELEMETRY: [&str; 2] = [
+    "name=\"BatchSpanProcessor.ExportError\"",
+    "name=\"PeriodicReader.ExportError\"",
+];
+
+/// Whether `record` is one of [`SAID_ONCE_BY_TELEMETRY`] (the SDK's events
+/// reach `log` through `tracing`, their name first in the message).
+fn said_once_by_telemetry(record: &Record) -> bool {
+    if record.target() != "opentelemetry_sdk" || record.level() != Level::Error {
+        return false;
+    }
+    let text = record.args().to_string();
+    SAID_ONCE_BY_TELEMETRY
+        .iter()
+        .any(|name| text.starts_with(name))
+}
+
 /// Two env_logger loggers of one filter (`RUST_LOG`, default
 /// `info,tiberius=warn`), one per stream.
 struct Split {
@@ -70,6 +91,9 @@ impl Log for Split {
     }
 
     fn log(&self, record: &Record) {
+        if said_once_by_telemetry(record) {
+            return;
+        }
         match stream_for(record.level()) {
             Stream::Stdout => self.stdout.log(record),
             Stream::Stderr => self.stderr.log(record),
@@ -137,6 +161,41 @@ mod tests {
                 "{line}"
             );
         }
+    }
+
+    #[test]
+    fn the_sdks_line_per_failed_export_is_left_to_telemetry() {
+        let record = |target, level, args: std::fmt::Arguments<'_>| {
+            said_once_by_telemetry(
+                &Record::builder()
+                    .target(target)
+                    .level(level)
+                    .args(args)
+                    .build(),
+            )
+        };
+        let error = r#"error="Operation failed: HTTP export failed: network error""#;
+        for name in [
+            "BatchSpanProcessor.ExportError",
+            "PeriodicReader.ExportError",
+        ] {
+            assert!(record(
+                "opentelemetry_sdk",
+                Level::Error,
+                format_args!("name=\"{name}\" {error}")
+            ));
+        }
+        // The SDK's other lines, and anyone else's, are written.
+        assert!(!record(
+            "opentelemetry_sdk",
+            Level::Error,
+            format_args!("name=\"BatchSpanProcessor.Shutdown.Timeout\"")
+        ));
+        assert!(!record(
+            "order_guard::telemetry",
+            Level::Error,
+            format_args!("name=\"PeriodicReader.ExportError\"")
+        ));
     }
 
     #[test]

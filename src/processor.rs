@@ -106,6 +106,7 @@ pub struct Counters {
     guard_errors: AtomicU64,
     takeovers: AtomicU64,
     cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
 }
 
 /// A point-in-time copy of [`Counters`].
@@ -125,6 +126,10 @@ pub struct CountersSnapshot {
     pub takeovers: u64,
     /// Events answered from this instance's cache of finished orders.
     pub cache_hits: u64,
+    /// Lookups in that cache that could not answer (the order not there,
+    /// or remembered under another fingerprint version): the usual path
+    /// followed. Both stay 0 with the cache off.
+    pub cache_misses: u64,
 }
 
 impl Counters {
@@ -145,6 +150,7 @@ impl Counters {
             guard_errors: self.guard_errors.load(Ordering::Relaxed),
             takeovers: self.takeovers.load(Ordering::Relaxed),
             cache_hits: self.cache_hits.load(Ordering::Relaxed),
+            cache_misses: self.cache_misses.load(Ordering::Relaxed),
         }
     }
 }
@@ -392,6 +398,9 @@ impl Processor {
         if facts.guard_label == RECALLED {
             self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
             facts.decided_by = RECALLED;
+        } else if self.finished.is_some() {
+            // With the hits, the cache's hit ratio (telemetry, /stats).
+            self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
         }
         Reply::Recalled(verdict)
     }

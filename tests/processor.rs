@@ -873,6 +873,7 @@ async fn a_finished_order_redelivered_is_answered_from_the_cache_without_redis()
     let fp = Order::from_data(&order).unwrap().fingerprint().to_string();
     assert_eq!(rows[0].existing_fingerprint.as_deref(), Some(fp.as_str()));
     assert_eq!(p.counters().cache_hits, 2);
+    assert_eq!(p.counters().cache_misses, 1, "the first delivery's lookup");
     assert_eq!(
         store.position(&account, "MSFT").await.unwrap(),
         Some(pos("4")),
@@ -894,6 +895,7 @@ async fn with_the_cache_off_a_redelivery_asks_redis() {
     let again = p.process_event(&eg_event(order)).await;
     assert_eq!(again.outcome, OutcomeKind::Retry, "{again:?}");
     assert_eq!(p.counters().cache_hits, 0);
+    assert_eq!(p.counters().cache_misses, 0, "no cache, no lookups");
 }
 
 /// Only a finished order is remembered: an `in_progress` answer (another

@@ -1,8 +1,9 @@
 //! The README stays in step with the code (issue 24), the way
 //! `tests/settings.rs` keeps `local.settings.json.example` in step: its
 //! settings table lists every variable the handler reads and nothing else,
-//! the defaults it shows are the code's, and the key format it states is the
-//! one the guard writes.
+//! the defaults it shows are the code's, the key format it states is the
+//! one the guard writes, and its metric table lists the instruments the
+//! code makes.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -255,4 +256,46 @@ fn every_azurite_command_we_show_or_run_disables_its_telemetry() {
         checked >= 2,
         "the check found the Azurite commands ({checked})"
     );
+}
+
+/// The metric names the code makes: the first argument of each instrument
+/// builder (`u64_counter("…")`, `f64_observable_gauge("…")`, …) in
+/// `src/telemetry`.
+fn instruments_in_code() -> BTreeSet<String> {
+    let sources = [
+        include_str!("../src/telemetry/instruments.rs"),
+        include_str!("../src/telemetry/pipeline.rs"),
+    ];
+    let mut names = BTreeSet::new();
+    for source in sources {
+        for kind in ["_counter(\"", "_gauge(\"", "_histogram(\""] {
+            for (at, _) in source.match_indices(kind) {
+                let rest = &source[at + kind.len()..];
+                names.insert(rest[..rest.find('"').unwrap()].to_string());
+            }
+        }
+    }
+    names
+}
+
+/// The README's metric table: the first cell of each row between
+/// "**Metrics**" and "**Traces.**".
+fn metric_table() -> BTreeSet<String> {
+    let start = README.find("**Metrics**").expect("a Metrics paragraph");
+    let end = start
+        + README[start..]
+            .find("**Traces.**")
+            .expect("a Traces paragraph");
+    README[start..end]
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .map(|l| l[..l.find('`').unwrap()].to_string())
+        .collect()
+}
+
+#[test]
+fn the_metric_table_lists_every_instrument_and_nothing_else() {
+    let code = instruments_in_code();
+    assert!(code.len() > 10, "{code:?}");
+    assert_eq!(metric_table(), code);
 }

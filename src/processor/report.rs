@@ -2,13 +2,13 @@
 //! end with its timed steps, failed store calls, and its load for the
 //! gauges. Every function here runs only while telemetry is on.
 
+use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use tokio::time::Instant;
 
 use super::{Facts, Outcome, OutcomeKind, Processor, Step, StoreError, RECALLED};
-use crate::finished::FinishedOrders;
-use crate::telemetry::{EventReport, LoadReport, LoadSource, PoolReport, StepTiming};
+use crate::telemetry::{CacheReport, EventReport, LoadReport, LoadSource, PoolReport, StepTiming};
 
 /// The `decided_by` of an answer the store gave.
 pub(super) const STORE: &str = "store";
@@ -126,13 +126,23 @@ impl LoadSource for Processor {
     fn load(&self) -> LoadReport {
         let store = self.store.load();
         LoadReport {
-            cache: self.finished.as_ref().map(FinishedOrders::size),
+            cache: self.finished.as_ref().map(|f| {
+                let (entries, bytes) = f.size();
+                CacheReport {
+                    entries,
+                    bytes,
+                    hits: self.counters.cache_hits.load(Ordering::Relaxed),
+                    misses: self.counters.cache_misses.load(Ordering::Relaxed),
+                }
+            }),
             pool: store.pool.map(|p| PoolReport {
                 system: self.store.name(),
                 open: p.open,
                 idle: p.idle,
                 pending: p.pending,
                 timeouts: p.timeouts,
+                logins_running: p.logins_running,
+                logins_waiting: p.logins_waiting,
             }),
             writer: store.writer,
         }

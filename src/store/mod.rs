@@ -312,6 +312,10 @@ pub struct PoolLoad {
     pub pending: u64,
     /// Callers that stopped waiting at the connect timeout (cumulative).
     pub timeouts: u64,
+    /// Logins in flight now: holding one of the pool's login turns, and
+    /// waiting for one (or pausing after a failed attempt).
+    pub logins_running: u64,
+    pub logins_waiting: u64,
 }
 
 /// A store's load, read without I/O (`OrderStore::load`).

@@ -2,12 +2,13 @@
 //! Application Insights' ingestion API.
 //!
 //! Spans: a batch span processor (its own thread; a bounded queue of
-//! `span_queue` spans, a full queue drops the span and the SDK counts it in
-//! its shutdown log). Metrics: a periodic reader (its own thread), cumulative
-//! temporality (what a collector and Azure Monitor expect). Each export is
-//! one attempt bounded by the timeout (no retry: the next export carries
-//! the cumulative counts anyway), sent by reqwest's blocking client on the
-//! exporter's thread, never on the handler's runtime.
+//! `span_queue` spans, a full queue drops the span). Metrics: a periodic
+//! reader (its own thread), cumulative temporality for OTLP (what a
+//! collector expects). Each export is one attempt bounded by the timeout (no
+//! retry: the next export carries the cumulative counts anyway), sent by
+//! reqwest's blocking client on the exporter's thread, never on the
+//! handler's runtime. Every pipeline is counted (`pipeline.rs`): what its
+//! queue dropped, what each export carried and lost.
 
 use std::collections::HashMap;
 
@@ -23,6 +24,7 @@ use opentelemetry_sdk::trace::{
 };
 use opentelemetry_sdk::Resource;
 
+use super::pipeline::{self, Counted, Kind};
 use super::{AppInsightsSettings, OtlpSettings, TelemetryError, TelemetrySettings};
 
 /// The instrumentation scope of everything this crate records.
@@ -50,20 +52,36 @@ impl Providers {
             .build();
         let mut tracers = SdkTracerProvider::builder().with_resource(resource.clone());
         let mut meters = SdkMeterProvider::builder().with_resource(resource);
+        let mut pipelines = Vec::new();
         if let Some(otlp) = &settings.otlp {
             let (spans, metrics) = otlp_exporters(otlp)?;
-            tracers = tracers.with_span_processor(batch(settings, spans));
-            meters = meters.with_reader(periodic(settings, metrics));
+            let counted = Counted::new(
+                Kind::Otlp,
+                settings.span_queue,
+                &otlp.traces_endpoint,
+                &otlp.metrics_endpoint,
+            );
+            tracers = tracers
+                .with_span_processor(counted.gate(batch(settings, counted.span_exporter(spans))));
+            meters = meters.with_reader(periodic(settings, counted.metric_exporter(metrics)));
+            pipelines.push(counted);
         }
         if let Some(ai) = &settings.application_insights {
             let exporter = app_insights_exporter(ai, client()?)?;
-            tracers = tracers.with_span_processor(batch(settings, exporter.clone()));
-            meters = meters.with_reader(periodic(settings, exporter));
+            let to = format!("Application Insights at {}", ai.ingestion_endpoint);
+            let counted = Counted::new(Kind::ApplicationInsights, settings.span_queue, &to, &to);
+            tracers = tracers.with_span_processor(
+                counted.gate(batch(settings, counted.span_exporter(exporter.clone()))),
+            );
+            meters = meters.with_reader(periodic(settings, counted.metric_exporter(exporter)));
+            pipelines.push(counted);
         }
-        Ok(Providers {
+        let providers = Providers {
             meters: meters.build(),
             tracers: tracers.build(),
-        })
+        };
+        pipeline::observe(&providers.meter(), pipelines);
+        Ok(providers)
     }
 
     pub(super) fn meter(&self) -> Meter {
@@ -86,7 +104,8 @@ impl Providers {
     }
 }
 
-/// The batch span processor: a bounded queue, its own thread.
+/// The batch span processor: a bounded queue, its own thread (its queue's
+/// size is also the gate's, `pipeline::Counted`).
 fn batch(
     settings: &TelemetrySettings,
     exporter: impl SpanExporter + 'static,

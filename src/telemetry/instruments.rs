@@ -6,7 +6,8 @@
 //! `messaging.system = eventgrid`), `db.client.connection.count` for the
 //! SQL Server pool, `db.system.name` / `db.operation.name` on the steps that
 //! call Redis or a database, `faas.invocation_id` for the host's invocation
-//! id. The rest is ours, under `order_guard.`.
+//! id. The rest is ours, under `order_guard.` (no convention counts a
+//! cache's lookups or a pool's logins in flight).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -260,13 +261,25 @@ fn db_system(component: &str) -> Option<&'static str> {
 /// What a component can show of its load, read at each metric export.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadReport {
-    /// This instance's cache of finished orders: entries and weighted bytes.
-    pub cache: Option<(u64, u64)>,
+    /// This instance's cache of finished orders.
+    pub cache: Option<CacheReport>,
     /// A connection pool.
     pub pool: Option<PoolReport>,
     /// The SQLite writer's queue: calls refused because it was full, calls
     /// skipped because their caller had stopped waiting (cumulative).
     pub writer: Option<(u64, u64)>,
+}
+
+/// The cache of finished orders: its size now, its lookups so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheReport {
+    /// Entries and weighted bytes (moka's estimates).
+    pub entries: u64,
+    pub bytes: u64,
+    /// Lookups that answered the event, and those that could not
+    /// (cumulative).
+    pub hits: u64,
+    pub misses: u64,
 }
 
 /// A connection pool's state.
@@ -281,6 +294,10 @@ pub struct PoolReport {
     pub pending: u64,
     /// Callers that stopped waiting at the connect timeout (cumulative).
     pub timeouts: u64,
+    /// Logins in flight: running (holding one of the pool's login turns)
+    /// and waiting (for a turn, or pausing after a failed attempt).
+    pub logins_running: u64,
+    pub logins_waiting: u64,
 }
 
 /// Something whose load telemetry observes (the processor: its cache and
@@ -305,8 +322,8 @@ pub(super) fn observe(meter: &Meter, source: Arc<dyn LoadSource>) {
         .with_unit("{order}")
         .with_description("Orders in this instance's cache of finished orders")
         .with_callback(move |o| {
-            if let Some((entries, _)) = s.load().cache {
-                o.observe(entries, &[]);
+            if let Some(c) = s.load().cache {
+                o.observe(c.entries, &[]);
             }
         })
         .build();
@@ -316,8 +333,36 @@ pub(super) fn observe(meter: &Meter, source: Arc<dyn LoadSource>) {
         .with_unit("By")
         .with_description("Weighted size of this instance's cache of finished orders")
         .with_callback(move |o| {
-            if let Some((_, bytes)) = s.load().cache {
-                o.observe(bytes, &[]);
+            if let Some(c) = s.load().cache {
+                o.observe(c.bytes, &[]);
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_counter("order_guard.cache.lookups")
+        .with_unit("{lookup}")
+        .with_description("Lookups in this instance's cache of finished orders, by result: hit (the event answered from it) or miss")
+        .with_callback(move |o| {
+            if let Some(c) = s.load().cache {
+                o.observe(c.hits, &[KeyValue::new("order_guard.cache.result", "hit")]);
+                o.observe(c.misses, &[KeyValue::new("order_guard.cache.result", "miss")]);
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .f64_observable_gauge("order_guard.cache.hit_ratio")
+        .with_unit("1")
+        .with_description("Hits per lookup in this instance's cache of finished orders, since the process started")
+        .with_callback(move |o| {
+            // Since the start, so that every reader sees the same value; a
+            // recent ratio is the lookups counter's rates, hit over all.
+            if let Some(c) = s.load().cache {
+                let lookups = c.hits + c.misses;
+                if lookups > 0 {
+                    o.observe(c.hits as f64 / lookups as f64, &[]);
+                }
             }
         })
         .build();
@@ -346,6 +391,23 @@ pub(super) fn observe(meter: &Meter, source: Arc<dyn LoadSource>) {
         .with_callback(move |o| {
             if let Some(p) = s.load().pool {
                 o.observe(p.pending, &pool_attributes(&p));
+            }
+        })
+        .build();
+    let s = Arc::clone(&source);
+    meter
+        .u64_observable_gauge("order_guard.sql.logins_in_flight")
+        .with_unit("{login}")
+        .with_description("Logins the store's pool has in flight, running (holding a login turn) or waiting (for a turn, or to try again)")
+        .with_callback(move |o| {
+            if let Some(p) = s.load().pool {
+                let attributes = |state| {
+                    let mut a = pool_attributes(&p).to_vec();
+                    a.push(KeyValue::new("order_guard.login.state", state));
+                    a
+                };
+                o.observe(p.logins_running, &attributes("running"));
+                o.observe(p.logins_waiting, &attributes("waiting"));
             }
         })
         .build();

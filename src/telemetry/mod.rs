@@ -19,17 +19,20 @@
 //!   processor (a bounded queue, drained on a thread of its own, full means
 //!   dropped), metrics are aggregated in memory and read by the SDK's
 //!   periodic reader on its thread; a collector that is down costs the
-//!   telemetry only.
+//!   telemetry only;
+//! - what is lost is counted (`otel.sdk.*`) and logged once per run of
+//!   failures, from the exporters' threads (`pipeline.rs`).
 
 mod export;
 mod instruments;
+mod pipeline;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use instruments::{
-    EventReport, EventTelemetry, LoadReport, LoadSource, PoolReport, StepTiming,
+    CacheReport, EventReport, EventTelemetry, LoadReport, LoadSource, PoolReport, StepTiming,
 };
 
 /// What to export, built by `config` from the standard `OTEL_*` variables.

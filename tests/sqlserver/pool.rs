@@ -56,8 +56,24 @@ async fn logins_are_paced_whatever_the_number_of_waiting_callers() {
     )
     .unwrap();
     let started = std::time::Instant::now();
-    let callers = (0..8).map(|_| store.migrate());
-    for result in futures::future::join_all(callers).await {
+    let callers = futures::future::join_all((0..8).map(|_| store.migrate()));
+    // Meanwhile telemetry's gauge (`order_guard.sql.logins_in_flight`)
+    // shows the paced logins running and the rest waiting for a turn.
+    let watch = async {
+        loop {
+            let pool = store.load().pool.expect("a pool");
+            if pool.logins_running == LOGINS_AT_ONCE as u64 && pool.logins_waiting > 0 {
+                return pool;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "logins in flight: {pool:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let (results, _) = tokio::join!(callers, watch);
+    for result in results {
         match result {
             Err(StoreError::Transient(m)) => assert!(m.contains("no SQL Server connection"), "{m}"),
             other => panic!("{other:?}"),
@@ -73,6 +89,11 @@ async fn logins_are_paced_whatever_the_number_of_waiting_callers() {
         LOGINS_AT_ONCE,
         "logins started for 8 waiting callers"
     );
+    // The callers gave up; the logins go on within their budget, still
+    // counted (bb8 keeps its connects running for the next caller).
+    let after = store.load().pool.expect("a pool");
+    assert_eq!(after.logins_running, LOGINS_AT_ONCE as u64, "{after:?}");
+    assert!(after.logins_waiting > 0, "{after:?}");
 }
 
 #[tokio::test]

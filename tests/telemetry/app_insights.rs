@@ -165,4 +165,50 @@ async fn application_insights_receives_requests_and_metrics() {
         .map(|m| m["value"].as_f64().unwrap_or(0.0))
         .sum();
     assert_eq!(events, 4.0, "{metrics:#?}");
+
+    // The pipeline's own counts (`otel.sdk.*`): every span handed to the
+    // exporter and exported, none lost, as the envelopes received say.
+    let sdk = |name: &str, component: &str| -> f64 {
+        metrics
+            .iter()
+            .filter(|m| {
+                let p = &m["data"]["baseData"]["properties"];
+                p["otel.component.name"] == component && p.get("error.type").is_none()
+            })
+            .flat_map(|m| {
+                m["data"]["baseData"]["metrics"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter(|m| m["name"] == name)
+            .map(|m| m["value"].as_f64().unwrap_or(0.0))
+            .sum()
+    };
+    let spans = (requests.len() + steps.len()) as f64;
+    assert_eq!(
+        sdk(
+            "otel.sdk.processor.span.processed",
+            "batching_span_processor/application_insights"
+        ),
+        spans,
+        "{metrics:#?}"
+    );
+    assert_eq!(
+        sdk(
+            "otel.sdk.exporter.span.exported",
+            "application_insights_span_exporter/application_insights"
+        ),
+        spans,
+        "{metrics:#?}"
+    );
+    let lost = metrics
+        .iter()
+        .filter(|m| {
+            m["data"]["baseData"]["properties"]
+                .get("error.type")
+                .is_some()
+        })
+        .count();
+    assert_eq!(lost, 0, "{metrics:#?}");
 }

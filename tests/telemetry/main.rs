@@ -11,14 +11,17 @@ use std::time::Duration;
 
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::Span;
+use order_guard::telemetry::{OtlpSettings, TelemetrySettings};
 use serde_json::{json, Value};
 
 mod app_insights;
 #[path = "../common/mod.rs"]
 mod common;
+mod losses;
+mod pool;
 mod receiver;
 
-use receiver::{attributes, histogram_counts, points, Receiver};
+use receiver::{attributes, double_points, histogram_counts, points, Receiver};
 
 use common::eg_event_with_id as event;
 
@@ -66,6 +69,20 @@ async fn replay(deliveries: &Value, vars: &[(&str, String)]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout.lines().last().unwrap_or_default().to_string()
+}
+
+/// What `config` builds for `OTEL_EXPORTER_OTLP_ENDPOINT` = `collector`,
+/// for the tests that start telemetry in-process.
+fn otlp_settings(collector: &Receiver) -> TelemetrySettings {
+    TelemetrySettings {
+        otlp: Some(OtlpSettings {
+            traces_endpoint: format!("{}/v1/traces", collector.endpoint()),
+            metrics_endpoint: format!("{}/v1/metrics", collector.endpoint()),
+            headers: Vec::new(),
+            timeout: Duration::from_secs(10),
+        }),
+        ..TelemetrySettings::default()
+    }
 }
 
 fn closed_port() -> u16 {
@@ -157,6 +174,20 @@ async fn a_replay_exports_outcomes_durations_and_a_span_per_event() {
     assert_eq!(step("reject", Some("sqlite")), 1, "{steps:?}");
     let cache = points(&metrics["order_guard.cache.entries"]);
     assert_eq!(cache.len(), 1, "{cache:?}");
+    // The first delivery missed the cache; its duplicate and the conflict
+    // were answered from it; the poison event never looked.
+    let mut lookups = points(&metrics["order_guard.cache.lookups"]);
+    lookups.sort();
+    assert_eq!(
+        lookups,
+        vec![
+            (attrs(&[("order_guard.cache.result", "hit")]), 2),
+            (attrs(&[("order_guard.cache.result", "miss")]), 1),
+        ]
+    );
+    let ratio = double_points(&metrics["order_guard.cache.hit_ratio"]);
+    assert_eq!(ratio.len(), 1, "{ratio:?}");
+    assert!((ratio[0].1 - 2.0 / 3.0).abs() < 1e-9, "{ratio:?}");
     let writer = points(&metrics["order_guard.sqlite.writer.refused"]);
     assert_eq!(writer, vec![(BTreeMap::new(), 0)]);
 

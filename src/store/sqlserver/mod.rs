@@ -31,7 +31,7 @@ use tiberius::numeric::Numeric;
 use tiberius::Row;
 
 use self::connstr::{Auth, SqlConnInfo};
-use self::pool::{Client, SqlConnectionManager};
+use self::pool::{Client, Logins, SqlConnectionManager};
 use super::{
     conflict_reason_around, event_hash, short_fingerprint, Execution, OrderRecord, OrderStore,
     RejectedRecord, Rejection, RejectionKind, StoreError, MAX_EXECUTION_TRIES,
@@ -71,6 +71,8 @@ pub struct SqlServerStore {
     pool: bb8::Pool<SqlConnectionManager>,
     schema_verified: AtomicBool,
     last_connect_error: Arc<Mutex<Option<String>>>,
+    /// The pool manager's logins in flight (telemetry's gauge).
+    logins: Arc<Logins>,
     connect_timeout: Duration,
     query_timeout: Duration,
     /// SQL_POOL_SIZE: how many stale pooled connections a call may skip.
@@ -161,6 +163,7 @@ impl SqlServerStore {
         description: String,
     ) -> Self {
         let last_connect_error = manager.last_error();
+        let logins = manager.logins();
         let pool = bb8::Pool::builder()
             .max_size(settings.pool_size.max(1))
             .min_idle(None)
@@ -180,6 +183,7 @@ impl SqlServerStore {
             pool,
             schema_verified: AtomicBool::new(false),
             last_connect_error,
+            logins,
             connect_timeout: settings.connect_timeout,
             query_timeout: settings.query_timeout,
             pool_size: settings.pool_size.max(1),
@@ -753,12 +757,15 @@ impl OrderStore for SqlServerStore {
 
     fn load(&self) -> super::StoreLoad {
         let state = self.pool.state();
+        let (logins_running, logins_waiting) = self.logins.now();
         super::StoreLoad {
             pool: Some(super::PoolLoad {
                 open: u64::from(state.connections),
                 idle: u64::from(state.idle_connections),
                 pending: state.statistics.pending_gets(),
                 timeouts: state.statistics.get_timed_out,
+                logins_running,
+                logins_waiting,
             }),
             writer: None,
         }

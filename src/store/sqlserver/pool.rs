@@ -32,6 +32,7 @@
 //! abandoned, 618 orders executed in 47 min).
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -114,6 +115,45 @@ impl fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
+/// The logins in flight of one pool: the connects bb8 has asked the
+/// manager for and that have not returned, of which `running` hold one of
+/// the [`LOGINS_AT_ONCE`] turns (TCP, TLS, token, authentication, session
+/// setup); the others wait for a turn or pause after a failed attempt.
+/// Read by telemetry's gauges (`OrderStore::load`).
+#[derive(Debug, Default)]
+pub struct Logins {
+    connects: AtomicU64,
+    running: AtomicU64,
+}
+
+impl Logins {
+    /// `(running, waiting)` now. The two counts are read one after the
+    /// other: a login that changes state in between may be seen in either.
+    pub fn now(&self) -> (u64, u64) {
+        let connects = self.connects.load(Ordering::Relaxed);
+        let running = self.running.load(Ordering::Relaxed);
+        (running, connects.saturating_sub(running))
+    }
+}
+
+/// One count of [`Logins`], held for as long as the guard lives: a connect
+/// that returns, fails or is dropped half-way (bb8's task aborted) all give
+/// it back.
+struct Counted<'a>(&'a AtomicU64);
+
+impl<'a> Counted<'a> {
+    fn enter(count: &'a AtomicU64) -> Counted<'a> {
+        count.fetch_add(1, Ordering::Relaxed);
+        Counted(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Opens, checks and discards connections for bb8.
 pub struct SqlConnectionManager {
     config: tiberius::Config,
@@ -121,7 +161,8 @@ pub struct SqlConnectionManager {
     connect_timeout: Duration,
     last_error: Arc<Mutex<Option<String>>>,
     /// Turns to log in ([`LOGINS_AT_ONCE`]).
-    logins: tokio::sync::Semaphore,
+    turns: tokio::sync::Semaphore,
+    logins: Arc<Logins>,
 }
 
 impl SqlConnectionManager {
@@ -137,8 +178,15 @@ impl SqlConnectionManager {
             identity,
             connect_timeout,
             last_error: Arc::new(Mutex::new(None)),
-            logins: tokio::sync::Semaphore::new(LOGINS_AT_ONCE),
+            turns: tokio::sync::Semaphore::new(LOGINS_AT_ONCE),
+            logins: Arc::new(Logins::default()),
         }
+    }
+
+    /// The logins in flight, for the store's load (the manager itself moves
+    /// into the pool).
+    pub fn logins(&self) -> Arc<Logins> {
+        Arc::clone(&self.logins)
     }
 
     /// The most recent connect failure, to explain a pool timeout (bb8 itself
@@ -150,7 +198,8 @@ impl SqlConnectionManager {
     async fn open(&self) -> Result<Client, ConnectError> {
         // Wait for a turn (never closed, so this cannot fail); the budget
         // starts with the turn.
-        let _turn = self.logins.acquire().await;
+        let _turn = self.turns.acquire().await;
+        let _running = Counted::enter(&self.logins.running);
         let budget = login_budget(self.connect_timeout);
         let mut config = self.config.clone();
         if let Some(identity) = &self.identity {
@@ -244,6 +293,7 @@ impl bb8::ManageConnection for SqlConnectionManager {
         // pause up to half the connect timeout, so a server back from an
         // outage waited seconds for the next attempt; this one keeps trying
         // at short, bounded pauses until the connect timeout has passed.
+        let _in_flight = Counted::enter(&self.logins.connects);
         let started = Instant::now();
         let mut failures = 0;
         loop {
@@ -318,5 +368,43 @@ mod tests {
         let pauses: Vec<u128> = (0..6).map(|n| reconnect_pause(n).as_millis()).collect();
         assert_eq!(pauses, [250, 500, 1000, 1000, 1000, 1000]);
         assert_eq!(reconnect_pause(u32::MAX), Duration::from_secs(1));
+    }
+
+    /// `Logins` counts every connect bb8 is running: those holding a login
+    /// turn as running, the rest as waiting; a connect dropped half-way
+    /// (its task aborted) gives its counts back.
+    #[tokio::test]
+    async fn logins_in_flight_are_counted_running_or_waiting() {
+        // Accepts TCP (the kernel's backlog) and never answers the
+        // PRELOGIN: a login that hangs until its budget.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut config = tiberius::Config::new();
+        config.host("127.0.0.1");
+        config.port(silent.local_addr().unwrap().port());
+        config.authentication(tiberius::AuthMethod::sql_server("u", "pw"));
+        config.encryption(tiberius::EncryptionLevel::NotSupported);
+        let manager = Arc::new(SqlConnectionManager::new(
+            config,
+            None,
+            Duration::from_secs(30),
+        ));
+        let logins = manager.logins();
+        assert_eq!(logins.now(), (0, 0));
+        let connects: Vec<_> = (0..LOGINS_AT_ONCE + 1)
+            .map(|_| {
+                let m = Arc::clone(&manager);
+                tokio::spawn(async move { bb8::ManageConnection::connect(m.as_ref()).await })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while logins.now() != (LOGINS_AT_ONCE as u64, 1) {
+            assert!(Instant::now() < deadline, "{:?}", logins.now());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for c in connects {
+            c.abort();
+            assert!(matches!(c.await, Err(e) if e.is_cancelled()));
+        }
+        assert_eq!(logins.now(), (0, 0));
     }
 }
