@@ -11,6 +11,33 @@ use order_guard::guard::{Acquisition, GuardSettings, IdempotencyGuard, MemoryGua
 
 use common::{unique_id, RedisCluster, RedisServer};
 
+/// The error-level records this test binary logged, as `target: message`
+/// (a process has one logger: installed once, shared by every test, so a
+/// test picks its own records out by what only they contain).
+fn logged_errors() -> &'static std::sync::Mutex<Vec<String>> {
+    struct Capture(std::sync::Mutex<Vec<String>>);
+    impl log::Log for Capture {
+        fn enabled(&self, m: &log::Metadata) -> bool {
+            m.level() == log::Level::Error
+        }
+        fn log(&self, r: &log::Record) {
+            if self.enabled(r.metadata()) {
+                let line = format!("{}: {}", r.target(), r.args());
+                self.0.lock().unwrap().push(line);
+            }
+        }
+        fn flush(&self) {}
+    }
+    static CAPTURE: std::sync::OnceLock<&'static Capture> = std::sync::OnceLock::new();
+    let capture = CAPTURE.get_or_init(|| {
+        let c: &'static Capture = Box::leak(Box::new(Capture(Default::default())));
+        log::set_logger(c).expect("no other logger in this test binary");
+        log::set_max_level(log::LevelFilter::Error);
+        c
+    });
+    &capture.0
+}
+
 fn settings(processing: u64, completed: u64) -> GuardSettings {
     GuardSettings {
         prefix: "orden:".into(),
@@ -218,6 +245,7 @@ async fn the_plain_client_on_a_cluster_says_set_redis_cluster_true() {
         Duration::from_millis(500),
     )
     .unwrap();
+    logged_errors();
     let e = g.preflight().await.expect_err("a cluster seen as one node");
     assert!(
         e.0.contains("is a cluster") && e.0.contains("set REDIS_CLUSTER=true"),
@@ -235,6 +263,20 @@ async fn the_plain_client_on_a_cluster_says_set_redis_cluster_true() {
         ),
         other => panic!("want Unavailable naming REDIS_CLUSTER, got {other:?}"),
     }
+    // Said at error level once per process, not once per operation.
+    let _ = g.acquire(&elsewhere).await;
+    let hints: Vec<String> = logged_errors()
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains(&format!("127.0.0.1:{seed_port} is a cluster")))
+        .cloned()
+        .collect();
+    assert_eq!(hints.len(), 1, "{hints:#?}");
+    assert!(
+        hints[0].starts_with("order_guard::guard::redis: "),
+        "{hints:#?}"
+    );
 }
 
 /// The reverse: REDIS_CLUSTER=true on a single node.
