@@ -66,16 +66,32 @@ const SAID_ONCE_BY_TELEMETRY: [&str; 2] = [
     "name=\"PeriodicReader.ExportError\"",
 ];
 
-/// Whether `record` is one of [`SAID_ONCE_BY_TELEMETRY`] (the SDK's events
-/// reach `log` through `tracing`, their name first in the message).
-fn said_once_by_telemetry(record: &Record) -> bool {
-    if record.target() != "opentelemetry_sdk" || record.level() != Level::Error {
+/// The SDK's warnings about `OTEL_TRACES_SAMPLER`: its tracer provider's
+/// builder reads the variable itself before telemetry sets the sampler
+/// `config` made of it, so they speak of a choice that never applies
+/// ("Unrecognized sampler type 'microsoft.rate_limited' … Using fallback
+/// sampler", of a value `config` accepted; one it refuses stops the start
+/// before any tracer is built).
+const SAMPLER_READ_BY_CONFIG: [&str; 3] = [
+    "name=\"TracerProvider.Config.InvalidSamplerType\"",
+    "name=\"TracerProvider.Config.InvalidSamplerArgument\"",
+    "name=\"TracerProvider.Config.UnsupportedSampler\"",
+];
+
+/// Whether `record` is one of [`SAID_ONCE_BY_TELEMETRY`] (an error) or
+/// [`SAMPLER_READ_BY_CONFIG`] (a warning): the SDK's events reach `log`
+/// through `tracing`, their name first in the message.
+fn left_out(record: &Record) -> bool {
+    if record.target() != "opentelemetry_sdk" {
         return false;
     }
+    let names: &[&str] = match record.level() {
+        Level::Error => &SAID_ONCE_BY_TELEMETRY,
+        Level::Warn => &SAMPLER_READ_BY_CONFIG,
+        _ => return false,
+    };
     let text = record.args().to_string();
-    SAID_ONCE_BY_TELEMETRY
-        .iter()
-        .any(|name| text.starts_with(name))
+    names.iter().any(|name| text.starts_with(name))
 }
 
 /// Two env_logger loggers of one filter (`RUST_LOG`, default
@@ -91,7 +107,7 @@ impl Log for Split {
     }
 
     fn log(&self, record: &Record) {
-        if said_once_by_telemetry(record) {
+        if left_out(record) {
             return;
         }
         match stream_for(record.level()) {
@@ -166,7 +182,7 @@ mod tests {
     #[test]
     fn the_sdks_line_per_failed_export_is_left_to_telemetry() {
         let record = |target, level, args: std::fmt::Arguments<'_>| {
-            said_once_by_telemetry(
+            left_out(
                 &Record::builder()
                     .target(target)
                     .level(level)
@@ -195,6 +211,53 @@ mod tests {
             "order_guard::telemetry",
             Level::Error,
             format_args!("name=\"PeriodicReader.ExportError\"")
+        ));
+    }
+
+    #[test]
+    fn the_sdks_warnings_on_the_sampler_variable_are_left_to_config() {
+        let record = |target, level, args: std::fmt::Arguments<'_>| {
+            left_out(
+                &Record::builder()
+                    .target(target)
+                    .level(level)
+                    .args(args)
+                    .build(),
+            )
+        };
+        let message = "message=Unrecognized sampler type 'microsoft.rate_limited'";
+        for name in [
+            "InvalidSamplerType",
+            "InvalidSamplerArgument",
+            "UnsupportedSampler",
+        ] {
+            assert!(record(
+                "opentelemetry_sdk",
+                Level::Warn,
+                format_args!("name=\"TracerProvider.Config.{name}\" {message}")
+            ));
+        }
+        // Its other warnings, the same names at another level, and anyone
+        // else's are written.
+        assert!(!record(
+            "opentelemetry_sdk",
+            Level::Warn,
+            format_args!("name=\"BatchSpanProcessor.Flush.Timeout\"")
+        ));
+        assert!(!record(
+            "opentelemetry_sdk",
+            Level::Error,
+            format_args!("name=\"TracerProvider.Config.InvalidSamplerType\"")
+        ));
+        assert!(!record(
+            "opentelemetry_sdk",
+            Level::Warn,
+            format_args!("name=\"PeriodicReader.ExportError\"")
+        ));
+        assert!(!record(
+            "order_guard::telemetry",
+            Level::Warn,
+            format_args!("name=\"TracerProvider.Config.InvalidSamplerType\"")
         ));
     }
 

@@ -1,13 +1,15 @@
 //! `TelemetrySettings` from the standard `OTEL_*` variables (issue 22).
 //!
 //! Only what this handler exports is read: OTLP over HTTP/protobuf, for
-//! traces and metrics. Header values (often an API key) never appear in a
-//! message.
+//! traces and metrics, and which traces (`OTEL_TRACES_SAMPLER`). Header
+//! values (often an API key) never appear in a message.
 
 use std::time::Duration;
 
 use super::{err, parse_num, ConfigError};
-use crate::telemetry::{AppInsightsSettings, OtlpSettings, TelemetrySettings};
+use crate::telemetry::{
+    AppInsightsSettings, OtlpSettings, Sampling, TelemetrySettings, DEFAULT_TRACES_PER_SECOND,
+};
 
 /// The settings, through `val` (trimmed, empty as unset).
 pub(super) fn telemetry(
@@ -64,13 +66,91 @@ pub(super) fn telemetry(
         .map(|v| application_insights(&v))
         .transpose()?
         .filter(|_| !disabled);
+    let sampling = sampling(
+        val("OTEL_TRACES_SAMPLER").as_deref(),
+        val("OTEL_TRACES_SAMPLER_ARG").as_deref(),
+        application_insights.is_some(),
+    )?;
     Ok(TelemetrySettings {
         service_name: val("OTEL_SERVICE_NAME").unwrap_or(defaults.service_name),
         otlp,
         application_insights,
         metric_interval,
         span_queue,
+        sampling,
     })
+}
+
+/// The samplers `OTEL_TRACES_SAMPLER` may name, for the messages.
+const SAMPLERS: &str = "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio, microsoft.rate_limited or microsoft.fixed_percentage";
+
+/// Which traces are exported: `OTEL_TRACES_SAMPLER` (names in any case, as
+/// the specification says of its enum values) and its argument. Unset:
+/// Microsoft's default with Application Insights (`microsoft.rate_limited`,
+/// 5 a second), OpenTelemetry's otherwise (every trace; a collector can
+/// sample the tail). An event's span never has a parent (the host sends no
+/// `traceparent`), so `parentbased_X` is `X`.
+fn sampling(
+    sampler: Option<&str>,
+    arg: Option<&str>,
+    application_insights: bool,
+) -> Result<Sampling, ConfigError> {
+    const VAR: &str = "OTEL_TRACES_SAMPLER";
+    let Some(sampler) = sampler else {
+        if let Some(arg) = arg {
+            return Err(err(
+                "OTEL_TRACES_SAMPLER_ARG",
+                format!("is {arg:?} but OTEL_TRACES_SAMPLER is not set: name the sampler it is for (traceidratio or microsoft.fixed_percentage: a probability from 0 to 1; microsoft.rate_limited: traces per second)"),
+            ));
+        }
+        return Ok(if application_insights {
+            Sampling::RateLimited(DEFAULT_TRACES_PER_SECOND)
+        } else {
+            Sampling::AlwaysOn
+        });
+    };
+    let name = sampler.to_ascii_lowercase();
+    match name.as_str() {
+        // The argument of a sampler that takes none is ignored, as the
+        // specification says.
+        "always_on" | "parentbased_always_on" => Ok(Sampling::AlwaysOn),
+        "always_off" | "parentbased_always_off" => Ok(Sampling::AlwaysOff),
+        "traceidratio" | "parentbased_traceidratio" | "microsoft.fixed_percentage" => arg
+            .map_or(Ok(1.0), |v| ratio(&name, v))
+            .map(Sampling::Ratio),
+        "microsoft.rate_limited" => arg
+            .map_or(Ok(DEFAULT_TRACES_PER_SECOND), per_second)
+            .map(Sampling::RateLimited),
+        "jaeger_remote" | "parentbased_jaeger_remote" | "xray" => Err(err(
+            VAR,
+            format!("{name} is not a sampler this handler has; expected {SAMPLERS}"),
+        )),
+        _ => Err(err(VAR, format!("expected {SAMPLERS}, got {sampler:?}"))),
+    }
+}
+
+/// A sampling probability, 0 to 1 (`0.1`: one event in ten traced).
+fn ratio(sampler: &str, v: &str) -> Result<f64, ConfigError> {
+    match v.parse::<f64>() {
+        // `abs`: -0 is 0.
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p.abs()),
+        _ => Err(err(
+            "OTEL_TRACES_SAMPLER_ARG",
+            format!("{sampler} takes a probability from 0 to 1 (0.1: one event in ten traced), got {v:?}"),
+        )),
+    }
+}
+
+/// Traces per second of `microsoft.rate_limited`: more than 0, at most a
+/// million (`0.5`: one every two seconds).
+fn per_second(v: &str) -> Result<f64, ConfigError> {
+    match v.parse::<f64>() {
+        Ok(n) if n > 0.0 && n <= 1e6 => Ok(n),
+        _ => Err(err(
+            "OTEL_TRACES_SAMPLER_ARG",
+            format!("microsoft.rate_limited takes traces per second, more than 0 and at most 1000000 (0.5: one every two seconds; always_off exports none), got {v:?}"),
+        )),
+    }
 }
 
 /// The collector's base URL, without a trailing `/` (the signal paths
@@ -305,5 +385,109 @@ mod tests {
         );
         let e = settings(&[("OTEL_EXPORTER_OTLP_HEADERS", "s3cret")]).unwrap_err();
         assert!(!e.problem.contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn sampling_defaults_to_microsoft_s_rate_limit_with_application_insights_only() {
+        assert_eq!(settings(&[]).unwrap().sampling, Sampling::AlwaysOn);
+        let otlp = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]).unwrap();
+        assert_eq!(
+            otlp.sampling,
+            Sampling::AlwaysOn,
+            "a collector can tail-sample"
+        );
+        for vars in [
+            vec![("APPLICATIONINSIGHTS_CONNECTION_STRING", CONNECTION)],
+            vec![
+                ("APPLICATIONINSIGHTS_CONNECTION_STRING", CONNECTION),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ],
+        ] {
+            assert_eq!(
+                settings(&vars).unwrap().sampling,
+                Sampling::RateLimited(5.0),
+                "{vars:?}"
+            );
+        }
+        let off = settings(&[
+            ("APPLICATIONINSIGHTS_CONNECTION_STRING", CONNECTION),
+            ("OTEL_SDK_DISABLED", "true"),
+        ])
+        .unwrap();
+        assert_eq!(off, TelemetrySettings::default(), "nothing exported");
+    }
+
+    #[test]
+    fn every_sampler_accepted_and_its_argument() {
+        use Sampling::{AlwaysOff as Off, AlwaysOn as On, RateLimited as Rate, Ratio};
+        let with = |sampler: &str, arg: Option<&str>| {
+            let mut vars = vec![
+                ("APPLICATIONINSIGHTS_CONNECTION_STRING", CONNECTION),
+                ("OTEL_TRACES_SAMPLER", sampler),
+            ];
+            vars.extend(arg.map(|a| ("OTEL_TRACES_SAMPLER_ARG", a)));
+            settings(&vars)
+                .unwrap_or_else(|e| panic!("{sampler} {arg:?}: {e}"))
+                .sampling
+        };
+        let fixed = "microsoft.fixed_percentage";
+        let rate = "microsoft.rate_limited";
+        for (sampler, arg, want) in [
+            ("always_on", None, On),
+            ("parentbased_always_on", None, On),
+            ("ALWAYS_ON", None, On),
+            ("always_on", Some("0.1"), On),
+            ("always_off", None, Off),
+            ("parentbased_always_off", None, Off),
+            ("traceidratio", Some("0.1"), Ratio(0.1)),
+            ("traceidratio", None, Ratio(1.0)),
+            ("traceidratio", Some("0"), Ratio(0.0)),
+            ("traceidratio", Some("-0"), Ratio(0.0)),
+            ("traceidratio", Some("1"), Ratio(1.0)),
+            ("parentbased_traceidratio", Some("0.25"), Ratio(0.25)),
+            (fixed, Some("1.0"), Ratio(1.0)),
+            ("Microsoft.Fixed_Percentage", Some("0.5"), Ratio(0.5)),
+            (fixed, None, Ratio(1.0)),
+            (rate, Some("0.5"), Rate(0.5)),
+            (rate, Some("100"), Rate(100.0)),
+            (rate, Some("1000000"), Rate(1e6)),
+            (rate, None, Rate(5.0)),
+        ] {
+            assert_eq!(with(sampler, arg), want, "{sampler} {arg:?}");
+        }
+    }
+
+    #[test]
+    fn a_bad_sampler_or_argument_is_refused_naming_what_is_accepted() {
+        const SAMPLER: &str = "OTEL_TRACES_SAMPLER";
+        const ARG: &str = "OTEL_TRACES_SAMPLER_ARG";
+        let rate = "microsoft.rate_limited";
+        for (sampler, arg, var, says) in [
+            ("always", None, SAMPLER, "parentbased_traceidratio"),
+            ("jaeger_remote", None, SAMPLER, "microsoft.rate_limited"),
+            ("xray", None, SAMPLER, "not a sampler this handler has"),
+            ("traceidratio", Some("1.5"), ARG, "from 0 to 1"),
+            ("traceidratio", Some("-0.1"), ARG, "from 0 to 1"),
+            ("traceidratio", Some("10%"), ARG, "from 0 to 1"),
+            ("parentbased_traceidratio", Some("NaN"), ARG, "from 0 to 1"),
+            ("microsoft.fixed_percentage", Some("50"), ARG, "from 0 to 1"),
+            (rate, Some("0"), ARG, "always_off"),
+            (rate, Some("-5"), ARG, "more than 0"),
+            (rate, Some("inf"), ARG, "at most 1000000"),
+            (rate, Some("1000001"), ARG, "at most 1000000"),
+            (rate, Some("five"), ARG, "per second"),
+        ] {
+            let mut vars = vec![(SAMPLER, sampler)];
+            vars.extend(arg.map(|a| (ARG, a)));
+            let e = settings(&vars).unwrap_err();
+            assert_eq!(e.var, var, "{sampler} {arg:?}: {e}");
+            assert!(e.problem.contains(says), "{sampler} {arg:?}: {e}");
+            if let Some(arg) = arg {
+                assert!(e.problem.contains(arg), "the value is named: {e}");
+            }
+        }
+        let e = settings(&[("OTEL_TRACES_SAMPLER_ARG", "0.1")]).unwrap_err();
+        assert_eq!(e.var, "OTEL_TRACES_SAMPLER_ARG");
+        assert!(e.problem.contains("OTEL_TRACES_SAMPLER is not set"), "{e}");
     }
 }

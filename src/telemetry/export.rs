@@ -8,7 +8,8 @@
 //! retry: the next export carries the cumulative counts anyway), sent by
 //! reqwest's blocking client on the exporter's thread, never on the
 //! handler's runtime. Every pipeline is counted (`pipeline.rs`): what its
-//! queue dropped, what each export carried and lost.
+//! queue dropped, what each export carried and lost. One sampler
+//! (`sampling.rs`) decides for both pipelines which traces are exported.
 
 use std::collections::HashMap;
 
@@ -25,7 +26,7 @@ use opentelemetry_sdk::trace::{
 use opentelemetry_sdk::Resource;
 
 use super::pipeline::{self, Counted, Kind};
-use super::{AppInsightsSettings, OtlpSettings, TelemetryError, TelemetrySettings};
+use super::{AppInsightsSettings, OtlpSettings, Sampling, TelemetryError, TelemetrySettings};
 
 /// The instrumentation scope of everything this crate records.
 const SCOPE: &str = "order-guard";
@@ -50,7 +51,12 @@ impl Providers {
             .with_service_name(settings.service_name.clone())
             .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
             .build();
-        let mut tracers = SdkTracerProvider::builder().with_resource(resource.clone());
+        // Our sampler, always: without one the SDK would read
+        // OTEL_TRACES_SAMPLER itself (`config` reads it, and refuses what
+        // it cannot honour).
+        let mut tracers = SdkTracerProvider::builder()
+            .with_resource(resource.clone())
+            .with_sampler(settings.sampling.sampler());
         let mut meters = SdkMeterProvider::builder().with_resource(resource);
         let mut pipelines = Vec::new();
         if let Some(otlp) = &settings.otlp {
@@ -67,7 +73,7 @@ impl Providers {
             pipelines.push(counted);
         }
         if let Some(ai) = &settings.application_insights {
-            let exporter = app_insights_exporter(ai, client()?)?;
+            let exporter = app_insights_exporter(ai, client()?, settings.sampling)?;
             let to = format!("Application Insights at {}", ai.ingestion_endpoint);
             let counted = Counted::new(Kind::ApplicationInsights, settings.span_queue, &to, &to);
             tracers = tracers.with_span_processor(
@@ -166,11 +172,18 @@ fn otlp_exporters(
 /// spans become `requests` (the event, a consumer span) and `dependencies`
 /// (its steps), metrics `customMetrics`, in delta temporality as the
 /// ingestion API wants). Its error never quotes the connection string.
+///
+/// A fixed sampling share is its `sampleRate` (each span's envelope says
+/// it stands for `1 / share` events: Application Insights' `itemCount`).
+/// The exporter reads no per-span rate (it drops `_MS.*` attributes and
+/// sets one rate for all), so under a rate limit, whose share follows the
+/// load, the envelopes say 100 % and the counts are the metrics'.
 fn app_insights_exporter<C: HttpClient + 'static>(
     ai: &AppInsightsSettings,
     client: C,
+    sampling: Sampling,
 ) -> Result<opentelemetry_application_insights::Exporter<C>, TelemetryError> {
-    opentelemetry_application_insights::Exporter::new_from_connection_string(
+    let exporter = opentelemetry_application_insights::Exporter::new_from_connection_string(
         &ai.connection_string,
         client,
     )
@@ -178,6 +191,11 @@ fn app_insights_exporter<C: HttpClient + 'static>(
         TelemetryError(
             "APPLICATIONINSIGHTS_CONNECTION_STRING is not a connection string the Application Insights exporter accepts (the value is not shown)".into(),
         )
+    })?;
+    // 1 is the exporter's default (100 %); 0 exports no span to carry it.
+    Ok(match sampling.fixed_ratio() {
+        Some(share) => exporter.with_sample_rate(share),
+        None => exporter,
     })
 }
 

@@ -159,8 +159,18 @@ impl EventTelemetry {
 
     /// The event's span (`process OrderTrigger`, kind consumer) and one
     /// client child per step that called Redis or a database, made with the
-    /// times the processor measured.
+    /// times the processor measured. The sampler decides when the span
+    /// starts: a span sampled out gets no attribute and no child.
     fn span(&self, report: &EventReport<'_>) {
+        let mut span = self
+            .tracer
+            .span_builder(SPAN_NAME)
+            .with_kind(SpanKind::Consumer)
+            .with_start_time(report.started)
+            .start(&self.tracer);
+        if !span.is_recording() {
+            return;
+        }
         let mut attributes = vec![
             system(),
             KeyValue::new("messaging.operation.type", "process"),
@@ -179,13 +189,7 @@ impl EventTelemetry {
         if let Some(id) = super::invocation_id() {
             attributes.push(KeyValue::new("faas.invocation_id", id.to_string()));
         }
-        let mut span = self
-            .tracer
-            .span_builder(SPAN_NAME)
-            .with_kind(SpanKind::Consumer)
-            .with_start_time(report.started)
-            .with_attributes(attributes)
-            .start(&self.tracer);
+        span.set_attributes(attributes);
         if report.outcome == "retry" {
             span.set_status(Status::error("the event needs a redelivery"));
         }

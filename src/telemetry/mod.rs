@@ -21,11 +21,15 @@
 //!   periodic reader on its thread; a collector that is down costs the
 //!   telemetry only;
 //! - what is lost is counted (`otel.sdk.*`) and logged once per run of
-//!   failures, from the exporters' threads (`pipeline.rs`).
+//!   failures, from the exporters' threads (`pipeline.rs`);
+//! - traces are head-sampled ([`Sampling`], `sampling.rs`): a span sampled
+//!   out is dropped where it starts and costs the decision; metrics are
+//!   never sampled.
 
 mod export;
 mod instruments;
 mod pipeline;
+mod sampling;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -34,6 +38,7 @@ use std::time::Duration;
 pub use instruments::{
     CacheReport, EventReport, EventTelemetry, LoadReport, LoadSource, PoolReport, StepTiming,
 };
+pub use sampling::{Sampling, DEFAULT_TRACES_PER_SECOND};
 
 /// What to export, built by `config` from the standard `OTEL_*` variables.
 #[derive(Clone, PartialEq, Eq)]
@@ -49,6 +54,9 @@ pub struct TelemetrySettings {
     /// At most this many finished spans wait for export; past it, spans
     /// are dropped (`OTEL_BSP_MAX_QUEUE_SIZE`).
     pub span_queue: usize,
+    /// Which events' traces are exported (`OTEL_TRACES_SAMPLER`,
+    /// `OTEL_TRACES_SAMPLER_ARG`); metrics are never sampled.
+    pub sampling: Sampling,
 }
 
 impl Default for TelemetrySettings {
@@ -59,6 +67,7 @@ impl Default for TelemetrySettings {
             application_insights: None,
             metric_interval: Duration::from_secs(60),
             span_queue: 2048,
+            sampling: Sampling::AlwaysOn,
         }
     }
 }
@@ -106,6 +115,7 @@ impl std::fmt::Debug for TelemetrySettings {
             .field("application_insights", &self.application_insights)
             .field("metric_interval", &self.metric_interval)
             .field("span_queue", &self.span_queue)
+            .field("sampling", &self.sampling)
             .finish()
     }
 }
@@ -166,6 +176,10 @@ impl Telemetry {
                 ai.ingestion_endpoint
             );
         }
+        log::info!(
+            "telemetry: {} (OTEL_TRACES_SAMPLER); metrics count every event",
+            settings.sampling
+        );
         Ok(Some(Telemetry { providers, events }))
     }
 

@@ -374,7 +374,10 @@ impl<P: SpanProcessor> SpanProcessor for Gated<P> {
     }
 
     fn on_end(&self, span: SpanData) {
-        if self.queue.admit() {
+        // The batch processor takes sampled spans only: a span it would
+        // ignore must not hold a slot (the sampler drops the others where
+        // they start, so none arrives here today).
+        if span.span_context.is_sampled() && self.queue.admit() {
             self.inner.on_end(span);
         }
     }
@@ -508,6 +511,74 @@ mod tests {
         assert_eq!(q.processed.load(Ordering::Relaxed), 2);
         assert!(q.admit(), "room again");
         assert_eq!(q.waiting.load(Ordering::Relaxed), 1);
+    }
+
+    /// A processor that counts what it is handed.
+    #[derive(Debug, Default)]
+    struct Taken(AtomicU64);
+
+    impl SpanProcessor for &Taken {
+        fn on_start(&self, _: &mut Span, _: &Context) {}
+        fn on_end(&self, _: SpanData) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    fn span_data(sampled: bool) -> SpanData {
+        use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId};
+        let flags = if sampled {
+            TraceFlags::SAMPLED
+        } else {
+            TraceFlags::default()
+        };
+        SpanData {
+            span_context: SpanContext::new(
+                TraceId::from(1u128),
+                SpanId::from(1u64),
+                flags,
+                false,
+                Default::default(),
+            ),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Consumer,
+            name: "process OrderTrigger".into(),
+            start_time: std::time::SystemTime::UNIX_EPOCH,
+            end_time: std::time::SystemTime::UNIX_EPOCH,
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: Status::Unset,
+            instrumentation_scope: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_gate_admits_sampled_spans_only() {
+        let taken = Taken::default();
+        let counted = Counted::new(Kind::Otlp, 4, "t", "m");
+        let gate = counted.gate(&taken);
+        gate.on_end(span_data(false));
+        assert_eq!(
+            taken.0.load(Ordering::Relaxed),
+            0,
+            "not sampled: not queued"
+        );
+        assert_eq!(
+            counted.queue.waiting.load(Ordering::Relaxed),
+            0,
+            "no slot held"
+        );
+        gate.on_end(span_data(true));
+        assert_eq!(taken.0.load(Ordering::Relaxed), 1);
+        assert_eq!(counted.queue.waiting.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -6,8 +6,10 @@
 //! test's HTTP client (reqwest's, as in production) sends the same request
 //! over plain HTTP to the loopback endpoint, the only difference.
 
+use std::collections::BTreeSet;
 use std::io::Read;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
@@ -17,7 +19,7 @@ use order_guard::telemetry::{Telemetry, TelemetryError};
 use serde_json::{json, Value};
 use warp::Filter;
 
-use super::{common, four_kinds};
+use super::{common, event, four_kinds, order};
 
 const KEY: &str = "0f1e2d3c-aaaa-bbbb-cccc-123456789abc";
 
@@ -109,6 +111,8 @@ async fn application_insights_receives_requests_and_metrics() {
     let guard = common::redis_guard(&redis, Default::default());
     let processor = Processor::new(guard, store, ProcessorSettings::default())
         .with_telemetry(Some(telemetry.events()));
+    // Four events, within the burst of the default rate limit (5 traces a
+    // second, a second's worth at once): every one is traced.
     let mut outcomes = Vec::new();
     for event in four_kinds().as_array().unwrap() {
         outcomes.push(processor.process_event(event).await.outcome.as_str());
@@ -211,4 +215,143 @@ async fn application_insights_receives_requests_and_metrics() {
         })
         .count();
     assert_eq!(lost, 0, "{metrics:#?}");
+}
+
+/// The `order_guard.events` data points' sum in what `ingestion` received.
+fn events_counted(ingestion: &Ingestion) -> f64 {
+    ingestion
+        .of_type("MetricData")
+        .iter()
+        .flat_map(|m| {
+            m["data"]["baseData"]["metrics"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|m| m["name"] == "order_guard.events")
+        .map(|m| m["value"].as_f64().unwrap_or(0.0))
+        .sum()
+}
+
+/// `n` deliveries of one order (a first delivery, then duplicates answered
+/// from the cache, as fast as the processor answers them) with Application
+/// Insights configured by its connection string and `vars`; what the
+/// ingestion endpoint received once telemetry has shut down, and the time
+/// from before telemetry started (its sampler with it) to the last answer.
+async fn burst(n: usize, vars: &[(&str, &str)]) -> (Ingestion, Duration) {
+    let ingestion = Ingestion::start();
+    let connection = format!(
+        "InstrumentationKey={KEY};IngestionEndpoint=https://127.0.0.1:{}/",
+        ingestion.port
+    );
+    let config = Config::from_lookup(|k| {
+        if k == "APPLICATIONINSIGHTS_CONNECTION_STRING" {
+            return Some(connection.clone());
+        }
+        vars.iter()
+            .find(|(name, _)| *name == k)
+            .map(|(_, v)| v.to_string())
+    })
+    .expect("the settings are accepted");
+    let (store, _dir) = common::sqlite_store().await;
+    let began = Instant::now();
+    let telemetry = Telemetry::start_with(&config.telemetry, plain_http)
+        .expect("the exporter starts")
+        .expect("a connection string turns telemetry on");
+    let processor = Processor::new(common::memory_guard(), store, ProcessorSettings::default())
+        .with_telemetry(Some(telemetry.events()));
+    for i in 0..n {
+        let outcome = processor
+            .process_event(&event(&format!("e-{i}"), order("o-1", "7")))
+            .await;
+        let want = if i == 0 { "executed" } else { "duplicate" };
+        assert_eq!(outcome.outcome.as_str(), want, "event {i}");
+    }
+    let elapsed = began.elapsed();
+    telemetry.shutdown().await;
+    (ingestion, elapsed)
+}
+
+/// The trace ids (`ai.operation.id`) of `envelopes`.
+fn operations(envelopes: &[Value]) -> BTreeSet<String> {
+    envelopes
+        .iter()
+        .map(|e| {
+            e["tags"]["ai.operation.id"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_application_insights_traces_are_rate_limited_by_default_and_counts_exact() {
+    const EVENTS: usize = 400;
+    let (ingestion, elapsed) = burst(EVENTS, &[]).await;
+    let requests = ingestion.of_type("RequestData");
+    // Microsoft's default, 5 traces a second: at most the burst of one
+    // second's worth at the start, plus 5 for every second since.
+    let bound = 5.0 + 5.0 * elapsed.as_secs_f64();
+    assert!(
+        !requests.is_empty() && requests.len() as f64 <= bound,
+        "{} of {EVENTS} events traced in {elapsed:?} (at most {bound})",
+        requests.len()
+    );
+    assert!(
+        (requests.len() as f64) < EVENTS as f64 / 4.0,
+        "the burst was too slow to show the limit: {elapsed:?}"
+    );
+    // Metrics are not sampled.
+    assert_eq!(events_counted(&ingestion), EVENTS as f64);
+    // A trace is whole or absent: each step's span belongs to an exported
+    // event's, and the first delivery (its store call) is always traced.
+    let steps = ingestion.of_type("RemoteDependencyData");
+    assert!(
+        !steps.is_empty() && operations(&steps).is_subset(&operations(&requests)),
+        "{steps:#?}"
+    );
+    for r in &requests {
+        // A rate's share follows the load: the envelopes say 100 %.
+        assert_eq!(r["sampleRate"], 100.0, "{r:#}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn always_on_exports_every_trace_and_a_ratio_tells_application_insights_its_share() {
+    const EVENTS: usize = 200;
+    let (ingestion, _) = burst(EVENTS, &[("OTEL_TRACES_SAMPLER", "always_on")]).await;
+    let requests = ingestion.of_type("RequestData");
+    assert_eq!(requests.len(), EVENTS);
+    let ids: BTreeSet<&str> = requests
+        .iter()
+        .filter_map(|r| r["data"]["baseData"]["properties"]["messaging.message.id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), EVENTS, "one span per event");
+    assert!(requests.iter().all(|r| r["sampleRate"] == 100.0));
+    assert_eq!(events_counted(&ingestion), EVENTS as f64);
+
+    let (ingestion, _) = burst(
+        EVENTS,
+        &[
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+        ],
+    )
+    .await;
+    let requests = ingestion.of_type("RequestData");
+    // Random trace ids: some of them, not all (the chance of either is 2^-200).
+    assert!(
+        !requests.is_empty() && requests.len() < EVENTS,
+        "{}",
+        requests.len()
+    );
+    for e in requests
+        .iter()
+        .chain(ingestion.of_type("RemoteDependencyData").iter())
+    {
+        // Each exported span stands for two events (`itemCount` = 2).
+        assert_eq!(e["sampleRate"], 50.0, "{e:#}");
+    }
+    assert_eq!(events_counted(&ingestion), EVENTS as f64);
 }

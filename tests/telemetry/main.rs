@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::Span;
@@ -44,6 +44,12 @@ fn four_kinds() -> Value {
 /// `order-guard replay` of `deliveries` with `vars` on a fresh SQLite file;
 /// its summary line (the last of stdout).
 async fn replay(deliveries: &Value, vars: &[(&str, String)]) -> String {
+    let (stdout, _) = replay_streams(deliveries, vars).await;
+    stdout.lines().last().unwrap_or_default().to_string()
+}
+
+/// [`replay`]'s whole stdout and stderr.
+async fn replay_streams(deliveries: &Value, vars: &[(&str, String)]) -> (String, String) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("events.json");
     std::fs::write(&file, deliveries.to_string()).unwrap();
@@ -63,12 +69,9 @@ async fn replay(deliveries: &Value, vars: &[(&str, String)]) -> String {
         .expect("replay finished within 60 s")
         .expect("run order-guard");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "replay failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout.lines().last().unwrap_or_default().to_string()
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "replay failed: {stdout}{stderr}");
+    (stdout, stderr)
 }
 
 /// What `config` builds for `OTEL_EXPORTER_OTLP_ENDPOINT` = `collector`,
@@ -418,4 +421,49 @@ async fn the_samples_replay_exports_what_it_answered() {
     assert_eq!(durations as i64, answered);
     let spans = collector.spans();
     assert_eq!(event_spans(&spans).len() as i64, answered, "{spans:#?}");
+}
+
+/// Microsoft's sampler names through the real binary and OTLP: the rate
+/// limit holds (at most its burst plus its rate over the run), the
+/// counters count every event, and the SDK's own warning about a sampler
+/// name it does not know (it reads the variable too, before ours replaces
+/// its choice) is not written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_named_as_microsoft_names_it_holds_through_otlp() {
+    let collector = Receiver::start();
+    let deliveries: Vec<Value> = (0..40)
+        .map(|i| event(&format!("e-{i}"), order("o-1", "7")))
+        .collect();
+    let began = Instant::now();
+    let (stdout, stderr) = replay_streams(
+        &Value::Array(deliveries),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint()),
+            ("OTEL_TRACES_SAMPLER", "microsoft.rate_limited".into()),
+            ("OTEL_TRACES_SAMPLER_ARG", "2".into()),
+            ("RUST_LOG", "info".into()),
+        ],
+    )
+    .await;
+    let elapsed = began.elapsed();
+    assert!(
+        stdout.contains("at most 2 traces a second exported"),
+        "{stdout}"
+    );
+    assert!(
+        !stderr.contains("TracerProvider.Config") && !stderr.contains("sampler"),
+        "{stderr}"
+    );
+    let spans = collector.spans();
+    let traced = event_spans(&spans).len();
+    let bound = 2.0 + 2.0 * elapsed.as_secs_f64();
+    assert!(
+        traced >= 1 && traced as f64 <= bound,
+        "{traced} of 40 events traced in {elapsed:?} (at most {bound})"
+    );
+    let events: i64 = points(&collector.last_metrics()["order_guard.events"])
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(events, 40);
 }
