@@ -6,16 +6,21 @@
 #   scripts/mutants.sh [FILE...] [-- CARGO_TEST_ARGS...]
 #
 # FILE       source files to mutate, one cargo-mutants run (`--file`) each;
-#            default: src/order.rs src/processor.rs src/guard/memory.rs
-#            src/guard/redis.rs
+#            default: the files of the scores table in docs/testing.md
+#            (src/decision.rs src/finished.rs src/store/sqlite.rs
+#            src/processor.rs src/guard/redis.rs)
 # CARGO_TEST_ARGS
 #            the test selection every mutant is judged by: cargo arguments
 #            given to both the build (`cargo test --no-run`, so only these
 #            targets are compiled per mutant) and the test run; default:
+#            each file's own selection (`selection_for` below, the one its
+#            score in docs/testing.md was taken with), else
 #            --lib --test processor --test guard --test bad_input
 #            --test host_protocol --test store_conformance
 #            (chaos, operational and the SQL Server engine tests are left out
 #            to keep a run affordable; name them to include them)
+# MUTANTS_RE  only the mutants whose name matches this regex (`--re`), e.g.
+#            to check that a new test catches what a run left
 #
 # Examples:
 #   scripts/mutants.sh src/order.rs src/guard/memory.rs
@@ -52,14 +57,29 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ ${#files[@]} -eq 0 ]; then
-  files=(src/order.rs src/processor.rs src/guard/memory.rs src/guard/redis.rs)
+  files=(src/decision.rs src/finished.rs src/store/sqlite.rs src/processor.rs src/guard/redis.rs)
 fi
-if [ $# -gt 0 ]; then
-  test_args=("$@")
-else
-  test_args=(--lib --test processor --test guard --test bad_input
-             --test host_protocol --test store_conformance)
-fi
+given_args=("$@")
+
+# The tests that judge a file's mutants: the targets that exercise it.
+selection_for() {
+  case "$1" in
+    src/decision.rs) echo --lib --test model --test processor --test liveness ;;
+    src/finished.rs) echo --lib --test processor ;;
+    src/store/sqlite.rs)
+      echo --lib --test store_conformance --test processor --test sqlite_writer \
+        --test store_identity --test liveness ;;
+    src/processor.rs)
+      echo --lib --test processor --test guard --test bad_input --test host_protocol \
+        --test store_conformance --test liveness --test log_lines --test log_severity \
+        --test telemetry ;;
+    src/guard/redis.rs)
+      echo --lib --test guard --test processor --test liveness --test store_identity \
+        --test redis_entra_id --test bad_input --test host_protocol ;;
+    *) echo --lib --test processor --test guard --test bad_input --test host_protocol \
+        --test store_conformance ;;
+  esac
+}
 for f in "${files[@]}"; do
   [ -f "$f" ] || { echo "error: no such file: $f" >&2; exit 1; }
 done
@@ -86,21 +106,29 @@ else
   unset CARGO_TARGET_DIR
 fi
 
-# As --cargo-arg, not after `--`: cargo-mutants' build step then compiles
-# only the selected test targets, not every target of the package.
-cargo_args=()
-for a in "${test_args[@]}"; do
-  cargo_args+=("--cargo-arg=$a")
-done
-
-echo "==> cargo-mutants $(cargo mutants --version | awk '{print $2}'); tests: cargo test ${test_args[*]}"
+echo "==> cargo-mutants $(cargo mutants --version | awk '{print $2}')"
+re_args=()
+if [ -n "${MUTANTS_RE:-}" ]; then
+  re_args=(--re "$MUTANTS_RE")
+fi
 summary=()
 for f in "${files[@]}"; do
+  if [ ${#given_args[@]} -gt 0 ]; then
+    test_args=("${given_args[@]}")
+  else
+    read -r -a test_args <<<"$(selection_for "$f")"
+  fi
+  # As --cargo-arg, not after `--`: cargo-mutants' build step then compiles
+  # only the selected test targets, not every target of the package.
+  cargo_args=()
+  for a in "${test_args[@]}"; do
+    cargo_args+=("--cargo-arg=$a")
+  done
   name=$(echo "$f" | tr '/.' '__')
-  echo "==> mutating $f"
+  echo "==> mutating $f; tests: cargo test ${test_args[*]}"
   status=0
   nice -n 10 cargo mutants --features failpoints --file "$f" --jobs "$jobs" \
-    --output "$out/$name" --no-shuffle "${cargo_args[@]}" || status=$?
+    --output "$out/$name" --no-shuffle "${re_args[@]}" "${cargo_args[@]}" || status=$?
   # 0: all caught; 2: some missed; 3: some timed out. Anything else means the
   # run itself failed (4: the baseline tests fail on the unmutated tree).
   case "$status" in

@@ -216,7 +216,12 @@ async fn on_a_cluster_orders_spread_over_masters_and_all_are_listed() {
         masters.insert(port);
     }
     assert_eq!(masters.len(), 3, "30 orders should use all three masters");
-    let mut listed = g.completed_orders().await.unwrap();
+    // Bounded: a scan that never ends (a cursor loop gone wrong) must fail
+    // the test, not hang it. Thirty keys take milliseconds.
+    let mut listed = tokio::time::timeout(Duration::from_secs(30), g.completed_orders())
+        .await
+        .expect("listing 30 completed orders did not end in 30 s")
+        .unwrap();
     listed.sort();
     let mut want: Vec<(String, Option<String>)> = ids
         .iter()
@@ -229,6 +234,16 @@ async fn on_a_cluster_orders_spread_over_masters_and_all_are_listed() {
         .await
         .unwrap());
     assert!(g.inspect(&ids[0]).await.unwrap().value.is_none());
+    // Another marker (another database's completion): nothing forgotten,
+    // and it says so.
+    assert!(!g
+        .forget_completed(&ids[1], Some("fp-of-another-database"))
+        .await
+        .unwrap());
+    assert_eq!(
+        g.inspect(&ids[1]).await.unwrap().value.as_deref(),
+        Some("COMPLETADA")
+    );
 }
 
 /// The mismatch the issue is about: the plain client on a cluster. The

@@ -672,3 +672,18 @@ fn glob_escape(s: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::glob_escape;
+
+    /// `SCAN MATCH` takes a glob: a key prefix holding `*`, `?`, `[`, `]`
+    /// or `\` must match only itself (the listing filters by the literal
+    /// prefix too, so without this it would only scan more keys).
+    #[test]
+    fn glob_metacharacters_are_escaped() {
+        assert_eq!(glob_escape("orden:"), "orden:");
+        assert_eq!(glob_escape(r"a*b?c[d]e\f"), r"a\*b\?c\[d\]e\\f");
+        assert_eq!(glob_escape(""), "");
+    }
+}
