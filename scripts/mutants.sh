@@ -128,7 +128,7 @@ for f in "${files[@]}"; do
   echo "==> mutating $f; tests: cargo test ${test_args[*]}"
   status=0
   nice -n 10 cargo mutants --features failpoints --file "$f" --jobs "$jobs" \
-    --output "$out/$name" --no-shuffle "${re_args[@]}" "${cargo_args[@]}" || status=$?
+    --output "$out/$name" --no-shuffle ${re_args[@]+"${re_args[@]}"} "${cargo_args[@]}" || status=$?
   # 0: all caught; 2: some missed; 3: some timed out. Anything else means the
   # run itself failed (4: the baseline tests fail on the unmutated tree).
   case "$status" in

@@ -278,7 +278,7 @@ async fn the_plain_client_on_a_cluster_says_set_redis_cluster_true() {
         ),
         other => panic!("want Unavailable naming REDIS_CLUSTER, got {other:?}"),
     }
-    // Said at error level once per process, not once per operation.
+    // Said at error level once per guard (one per process), not once per operation.
     let _ = g.acquire(&elsewhere).await;
     let hints: Vec<String> = logged_errors()
         .lock()

@@ -141,14 +141,15 @@ fn ratio(sampler: &str, v: &str) -> Result<f64, ConfigError> {
     }
 }
 
-/// Traces per second of `microsoft.rate_limited`: more than 0, at most a
+/// Traces per second of `microsoft.rate_limited`: from 0.001 (one every
+/// 17 minutes; the rate limiter cannot hold much longer periods) to a
 /// million (`0.5`: one every two seconds).
 fn per_second(v: &str) -> Result<f64, ConfigError> {
     match v.parse::<f64>() {
-        Ok(n) if n > 0.0 && n <= 1e6 => Ok(n),
+        Ok(n) if (0.001..=1e6).contains(&n) => Ok(n),
         _ => Err(err(
             "OTEL_TRACES_SAMPLER_ARG",
-            format!("microsoft.rate_limited takes traces per second, more than 0 and at most 1000000 (0.5: one every two seconds; always_off exports none), got {v:?}"),
+            format!("microsoft.rate_limited takes traces per second, from 0.001 to 1000000 (0.5: one every two seconds; always_off exports none), got {v:?}"),
         )),
     }
 }
@@ -472,9 +473,11 @@ mod tests {
             ("parentbased_traceidratio", Some("NaN"), ARG, "from 0 to 1"),
             ("microsoft.fixed_percentage", Some("50"), ARG, "from 0 to 1"),
             (rate, Some("0"), ARG, "always_off"),
-            (rate, Some("-5"), ARG, "more than 0"),
-            (rate, Some("inf"), ARG, "at most 1000000"),
-            (rate, Some("1000001"), ARG, "at most 1000000"),
+            (rate, Some("-5"), ARG, "from 0.001"),
+            // Its period would outgrow the rate limiter (it panicked).
+            (rate, Some("1e-12"), ARG, "from 0.001"),
+            (rate, Some("inf"), ARG, "to 1000000"),
+            (rate, Some("1000001"), ARG, "to 1000000"),
             (rate, Some("five"), ARG, "per second"),
         ] {
             let mut vars = vec![(SAMPLER, sampler)];

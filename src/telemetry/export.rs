@@ -4,8 +4,10 @@
 //! Spans: a batch span processor (its own thread; a bounded queue of
 //! `span_queue` spans, a full queue drops the span). Metrics: a periodic
 //! reader (its own thread), cumulative temporality for OTLP (what a
-//! collector expects). Each export is one attempt bounded by the timeout (no
-//! retry: the next export carries the cumulative counts anyway), sent by
+//! collector expects). Each OTLP export is one attempt bounded by the
+//! timeout (no retry: the next export carries the cumulative counts
+//! anyway); the Application Insights exporter retries a failed upload
+//! itself, with backoff, for up to about 35 s. Both are sent by
 //! reqwest's blocking client on the exporter's thread, never on the
 //! handler's runtime. Every pipeline is counted (`pipeline.rs`): what its
 //! queue dropped, what each export carried and lost. One sampler

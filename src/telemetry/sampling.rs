@@ -12,8 +12,9 @@
 //! - Metrics are never sampled: every counter and histogram counts every
 //!   event whatever the sampler decides.
 //! - [`RateLimited`] (`microsoft.rate_limited`, the default with Application
-//!   Insights) is a GCRA token bucket (`governor`'s direct limiter): at most
-//!   `per_second` traces a second, a burst of one second's worth.
+//!   Insights) is a GCRA token bucket (`governor`'s direct limiter):
+//!   `per_second` traces a second on average, a burst of one second's worth
+//!   (so at most about twice the rate in any one second).
 
 use std::fmt;
 use std::num::NonZeroU32;
@@ -48,8 +49,8 @@ pub enum Sampling {
     /// (`traceidratio`, `parentbased_traceidratio`,
     /// `microsoft.fixed_percentage`).
     Ratio(f64),
-    /// At most this many traces per second, with a burst of one second's
-    /// worth (`microsoft.rate_limited`).
+    /// This many traces per second on average, with a burst of one
+    /// second's worth (`microsoft.rate_limited`).
     RateLimited(f64),
 }
 
@@ -89,7 +90,7 @@ impl fmt::Display for Sampling {
             Sampling::AlwaysOn => f.write_str("every event's trace exported"),
             Sampling::AlwaysOff => f.write_str("no trace exported"),
             Sampling::Ratio(p) => write!(f, "each event's trace exported with probability {p}"),
-            Sampling::RateLimited(n) => write!(f, "at most {n} traces a second exported"),
+            Sampling::RateLimited(n) => write!(f, "{n} traces a second exported on average"),
         }
     }
 }
@@ -342,7 +343,7 @@ mod tests {
         );
         assert_eq!(
             said(Sampling::RateLimited(5.0)),
-            "at most 5 traces a second exported"
+            "5 traces a second exported on average"
         );
     }
 
