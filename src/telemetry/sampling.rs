@@ -109,7 +109,7 @@ pub(super) fn quota(per_second: f64) -> Quota {
 
 type Limiter<C> = RateLimiter<NotKeyed, InMemoryState, C, NoOpMiddleware<<C as Clock>::Instant>>;
 
-/// At most `per_second` root spans a second: the root sampler of
+/// `per_second` root spans a second on average: the root sampler of
 /// `microsoft.rate_limited` (its parent-based wrapper makes the children
 /// follow). One compare-and-swap on an atomic per decision; clones share
 /// the bucket.
