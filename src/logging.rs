@@ -179,17 +179,19 @@ mod tests {
         }
     }
 
+    /// Whether a record of `target` at `level` saying `args` is left out.
+    fn record(target: &str, level: Level, args: std::fmt::Arguments<'_>) -> bool {
+        left_out(
+            &Record::builder()
+                .target(target)
+                .level(level)
+                .args(args)
+                .build(),
+        )
+    }
+
     #[test]
     fn the_sdks_line_per_failed_export_is_left_to_telemetry() {
-        let record = |target, level, args: std::fmt::Arguments<'_>| {
-            left_out(
-                &Record::builder()
-                    .target(target)
-                    .level(level)
-                    .args(args)
-                    .build(),
-            )
-        };
         let error = r#"error="Operation failed: HTTP export failed: network error""#;
         for name in [
             "BatchSpanProcessor.ExportError",
@@ -216,15 +218,6 @@ mod tests {
 
     #[test]
     fn the_sdks_warnings_on_the_sampler_variable_are_left_to_config() {
-        let record = |target, level, args: std::fmt::Arguments<'_>| {
-            left_out(
-                &Record::builder()
-                    .target(target)
-                    .level(level)
-                    .args(args)
-                    .build(),
-            )
-        };
         let message = "message=Unrecognized sampler type 'microsoft.rate_limited'";
         for name in [
             "InvalidSamplerType",

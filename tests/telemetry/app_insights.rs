@@ -157,18 +157,7 @@ async fn application_insights_receives_requests_and_metrics() {
     );
 
     let metrics = ingestion.of_type("MetricData");
-    let events: f64 = metrics
-        .iter()
-        .flat_map(|m| {
-            m["data"]["baseData"]["metrics"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .filter(|m| m["name"] == "order_guard.events")
-        .map(|m| m["value"].as_f64().unwrap_or(0.0))
-        .sum();
-    assert_eq!(events, 4.0, "{metrics:#?}");
+    assert_eq!(events_counted(&ingestion), 4.0, "{metrics:#?}");
 
     // The pipeline's own counts (`otel.sdk.*`): every span handed to the
     // exporter and exported, none lost, as the envelopes received say.
