@@ -96,20 +96,31 @@ wait_port "$REDIS_HANDLER_PORT" "order-guard (cache off)"
 # The first handler's configuration plus an OTLP exporter to a local sink
 # (`bench otlp-sink`, which takes every export): what telemetry costs in CPU
 # per event, measured beside the plain handler in the same rounds.
-# BENCH_TELEMETRY=0 skips it.
+# BENCH_TELEMETRY=0 skips it. Its traces are sampled as Functions samples
+# them by default (Application Insights: `microsoft.rate_limited`, 5 a
+# second); BENCH_OTEL_SAMPLER / BENCH_OTEL_SAMPLER_ARG choose another
+# (`always_on`: every trace, the default with OTLP only).
 TELEMETRY_ARGS=()
 if [ "${BENCH_TELEMETRY:-1}" != 0 ]; then
+  OTEL_SAMPLER="${BENCH_OTEL_SAMPLER:-microsoft.rate_limited}"
+  if [ -z "${BENCH_OTEL_SAMPLER:-}" ]; then
+    OTEL_SAMPLER_ARG=5
+  else
+    OTEL_SAMPLER_ARG="${BENCH_OTEL_SAMPLER_ARG:-}"
+  fi
   SINK_PORT="$(free_port)"
   "$BENCH" otlp-sink --port "$SINK_PORT" >"$SCRATCH/otlp-sink.log" 2>&1 &
   PIDS+=("$!")
   wait_port "$SINK_PORT" "otlp sink"
   OTEL_HANDLER_PORT="$(free_port)"
-  echo "==> order-guard serve on 127.0.0.1:$OTEL_HANDLER_PORT (as the first, plus OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$SINK_PORT)"
+  echo "==> order-guard serve on 127.0.0.1:$OTEL_HANDLER_PORT (as the first, plus OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$SINK_PORT, OTEL_TRACES_SAMPLER=$OTEL_SAMPLER OTEL_TRACES_SAMPLER_ARG=$OTEL_SAMPLER_ARG)"
   FUNCTIONS_CUSTOMHANDLER_PORT="$OTEL_HANDLER_PORT" \
     REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
     GUARD_KEY_PREFIX="ordot:" \
     SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-otel.db" \
     OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$SINK_PORT" \
+    OTEL_TRACES_SAMPLER="$OTEL_SAMPLER" \
+    OTEL_TRACES_SAMPLER_ARG="$OTEL_SAMPLER_ARG" \
     RUST_LOG=warn \
     "$BIN" serve >"$SCRATCH/handler-otel.log" 2>&1 &
   PIDS+=("$!")

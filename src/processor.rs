@@ -296,7 +296,7 @@ impl Processor {
             deadline,
         };
         let started = Instant::now();
-        let mut facts = Facts::new(self.guard.name(), self.telemetry.is_some());
+        let mut facts = Facts::new(self.guard.name(), self.telemetry.is_some(), started);
         let outcome = self.process_order(&work, &mut facts).await;
         self.counters.count(outcome.outcome);
         self.report_order(&work.order.order_id, &outcome, &facts, started);
@@ -338,9 +338,8 @@ impl Processor {
     async fn process_order(&self, w: &Work<'_>, facts: &mut Facts) -> Outcome {
         let (mut decision, mut step) =
             Decision::start(self.settings.on_guard_unavailable, self.finished.is_some());
-        let timed = self.telemetry.is_some();
         loop {
-            let began = timed.then(|| (SystemTime::now(), Instant::now()));
+            let began = facts.arrived.map(|arrived| (Instant::now(), arrived));
             let reply = match step {
                 Step::Answer(kind, why) => {
                     if let Some(finished) = &self.finished {
@@ -373,8 +372,8 @@ impl Processor {
                     Reply::Done
                 }
             };
-            if let Some(began) = began {
-                facts.steps.push(self.timing(step, began));
+            if let Some((began, arrived)) = began {
+                facts.steps.push(self.timing(step, began, arrived));
             }
             (decision, step) = decision.next(&reply);
         }
@@ -746,8 +745,9 @@ impl Processor {
 
 /// What one event's steps learned that its later steps and its answer need.
 struct Facts {
-    /// When the event's steps began (for its span; only while telemetry is on).
-    arrived: Option<SystemTime>,
+    /// When the event's steps began, by the wall clock (for its span) and
+    /// by the monotonic one (only while telemetry is on).
+    arrived: Option<(SystemTime, Instant)>,
     /// Who decided the answer (see `EventReport::decided_by`).
     decided_by: &'static str,
     /// The steps, timed (only while telemetry is on).

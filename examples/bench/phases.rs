@@ -349,6 +349,8 @@ pub(crate) struct Series {
     pub(crate) hist: Option<Histogram<u64>>,
     /// CPU seconds per watched process, over every round.
     pub(crate) cpu: BTreeMap<&'static str, f64>,
+    /// Each round's CPU µs per operation, per watched process.
+    pub(crate) cpu_per_round: Vec<BTreeMap<&'static str, f64>>,
 }
 
 impl Series {
@@ -358,6 +360,13 @@ impl Series {
         self.per_round.push(s.rate());
         for (name, secs) in &s.cpu {
             *self.cpu.entry(name).or_default() += secs;
+        }
+        if s.ops > 0 {
+            let per_op = s
+                .cpu
+                .iter()
+                .map(|(name, secs)| (*name, secs * 1e6 / s.ops as f64));
+            self.cpu_per_round.push(per_op.collect());
         }
         match &mut self.hist {
             Some(h) => h.add(&s.hist)?,

@@ -16,7 +16,8 @@ pub(crate) struct Entry {
     /// Extra ratios when a figure has two ceilings (the duplicate path).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) ratios: BTreeMap<String, f64>,
-    /// Throughput of each round, for the spread within this run.
+    /// Each round's figure, for the spread within this run: its throughput,
+    /// or for a CPU ratio, that round's ratio.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) per_round: Vec<f64>,
 }
@@ -150,7 +151,7 @@ pub(crate) fn print_targets(entries: &[Entry], c: usize) {
             true,
         ),
         (
-            "handler CPU per duplicate with an OTLP exporter ≤ 1.10× without",
+            "handler CPU per duplicate with an OTLP exporter ≤ 1.10× without (median of rounds)",
             find("duplicate_otel_cpu").and_then(|e| e.ratio_to_ceiling),
             1.10,
             false,

@@ -9,10 +9,10 @@
 //! id. The rest is ours, under `order_guard.` (no convention counts a
 //! cache's lookups or a pool's logins in flight).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use opentelemetry::metrics::{Counter, Histogram, Meter};
+use opentelemetry::metrics::{BoundCounter, BoundHistogram, Counter, Histogram, Meter};
 use opentelemetry::trace::{Span, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::Tracer;
@@ -68,12 +68,70 @@ pub struct EventReport<'a> {
     pub steps: &'a [StepTiming],
 }
 
+/// The values the per-event attributes take, in their bound handles'
+/// order (a value not listed is recorded unbound, never lost).
+const OUTCOMES: [&str; 6] = [
+    "executed",
+    "duplicate",
+    "in_progress",
+    "conflict",
+    "rejected",
+    "retry",
+];
+const DECIDERS: [&str; 5] = ["cache", "redis", "memory", "store", "none"];
+const STEPS: [&str; 8] = [
+    "recall",
+    "acquire",
+    "read_row",
+    "execute",
+    "store_conflict",
+    "complete",
+    "release",
+    "reject",
+];
+const COMPONENTS: [&str; 5] = ["cache", "redis", "memory", "sqlite", "sqlserver"];
+
+/// The place of `(a, b)` in a table of `a_values` × `b_values`.
+fn place(a_values: &[&str], a: &str, b_values: &[&str], b: &str) -> Option<usize> {
+    let a = a_values.iter().position(|v| *v == a)?;
+    let b = b_values.iter().position(|v| *v == b)?;
+    Some(a * b_values.len() + b)
+}
+
+/// An instrument's handles bound to each attribute set an event can have,
+/// each bound at its set's first use. A bound handle records without
+/// hashing and looking up its attributes under the SDK's lock: that lookup
+/// was most of what metrics cost a cache-hit duplicate (docs/benchmarks.md).
+/// Bound lazily, so no series is exported before an event had it.
+struct Bound<H> {
+    slots: Box<[OnceLock<H>]>,
+}
+
+impl<H> Bound<H> {
+    fn new(len: usize) -> Bound<H> {
+        Bound {
+            slots: (0..len).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// The handle at `place`, bound by `bind` the first time.
+    fn get(&self, place: usize, bind: impl FnOnce() -> H) -> &H {
+        self.slots[place].get_or_init(bind)
+    }
+}
+
 /// What the processor reports each event to.
 pub struct EventTelemetry {
     tracer: Tracer,
     events: Counter<u64>,
+    /// `events` by outcome × who decided.
+    events_bound: Bound<BoundCounter<u64>>,
     duration: Histogram<f64>,
+    /// `duration` by outcome.
+    duration_bound: Bound<BoundHistogram<f64>>,
     steps: Histogram<f64>,
+    /// `steps` by step × component.
+    steps_bound: Bound<BoundHistogram<f64>>,
     takeovers: Counter<u64>,
     guard_unavailable: Counter<u64>,
     guard_errors: Counter<u64>,
@@ -89,6 +147,9 @@ impl EventTelemetry {
                 .with_unit("{event}")
                 .with_description("Events answered, by outcome and by who decided")
                 .build(),
+            events_bound: Bound::new(OUTCOMES.len() * DECIDERS.len()),
+            duration_bound: Bound::new(OUTCOMES.len()),
+            steps_bound: Bound::new(STEPS.len() * COMPONENTS.len()),
             duration: meter
                 .f64_histogram("messaging.process.duration")
                 .with_unit("s")
@@ -126,32 +187,44 @@ impl EventTelemetry {
 
     /// One event answered: its counter, its histograms, its span.
     pub fn event(&self, report: &EventReport<'_>) {
-        let seconds = report.elapsed.as_secs_f64();
-        self.events.add(
-            1,
-            &[
+        let counted = || {
+            [
                 system(),
                 KeyValue::new("order_guard.outcome", report.outcome),
                 KeyValue::new("order_guard.decided_by", report.decided_by),
-            ],
-        );
-        self.duration.record(
-            seconds,
-            &[
+            ]
+        };
+        match place(&OUTCOMES, report.outcome, &DECIDERS, report.decided_by) {
+            Some(p) => self
+                .events_bound
+                .get(p, || self.events.bind(&counted()))
+                .add(1),
+            None => self.events.add(1, &counted()),
+        }
+        let seconds = report.elapsed.as_secs_f64();
+        let timed = || {
+            [
                 system(),
                 KeyValue::new("messaging.operation.name", "process"),
                 KeyValue::new("messaging.destination.name", DESTINATION),
                 KeyValue::new("order_guard.outcome", report.outcome),
-            ],
-        );
+            ]
+        };
+        match OUTCOMES.iter().position(|o| *o == report.outcome) {
+            Some(p) => self
+                .duration_bound
+                .get(p, || self.duration.bind(&timed()))
+                .record(seconds),
+            None => self.duration.record(seconds, &timed()),
+        }
         for step in report.steps {
-            let name = KeyValue::new("order_guard.step", step.step);
             let seconds = step.elapsed.as_secs_f64();
-            match db_system(step.component) {
-                Some(system) => self
-                    .steps
-                    .record(seconds, &[name, KeyValue::new("db.system.name", system)]),
-                None => self.steps.record(seconds, &[name]),
+            match place(&STEPS, step.step, &COMPONENTS, step.component) {
+                Some(p) => self
+                    .steps_bound
+                    .get(p, || self.steps.bind(&step_attributes(step)))
+                    .record(seconds),
+                None => self.steps.record(seconds, &step_attributes(step)),
             }
         }
         self.span(report);
@@ -249,6 +322,15 @@ impl EventTelemetry {
             ],
         );
     }
+}
+
+/// A step's histogram attributes: the step, and the database it called.
+fn step_attributes(step: &StepTiming) -> Vec<KeyValue> {
+    let mut attributes = vec![KeyValue::new("order_guard.step", step.step)];
+    if let Some(system) = db_system(step.component) {
+        attributes.push(KeyValue::new("db.system.name", system));
+    }
+    attributes
 }
 
 /// `db.system.name` of a guard or store (semantic conventions' values);
@@ -447,4 +529,28 @@ pub(super) fn observe(meter: &Meter, source: Arc<dyn LoadSource>) {
             }
         })
         .build();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_pair_of_listed_values_has_a_place_of_its_own() {
+        let mut seen = std::collections::BTreeSet::new();
+        for a in OUTCOMES {
+            for b in DECIDERS {
+                let p = place(&OUTCOMES, a, &DECIDERS, b).expect("listed values have a place");
+                assert!(p < OUTCOMES.len() * DECIDERS.len(), "{a} × {b} at {p}");
+                assert!(seen.insert(p), "{a} × {b} shares place {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_value_not_listed_has_no_place() {
+        // Recorded unbound, with its attributes looked up: counted all the same.
+        assert_eq!(place(&OUTCOMES, "executed", &DECIDERS, "a-new-guard"), None);
+        assert_eq!(place(&STEPS, "a-new-step", &COMPONENTS, "redis"), None);
+    }
 }

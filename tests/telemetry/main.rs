@@ -246,6 +246,26 @@ async fn a_replay_exports_outcomes_durations_and_a_span_per_event() {
             ("complete", SpanKind::Client),
         ]
     );
+    // Each step's span lies inside its event's, after the step before it
+    // (their wall-clock starts are derived from the event's arrival).
+    let mut after = first.start_time_unix_nano;
+    for child in spans
+        .iter()
+        .filter(|s| s.parent_span_id == first.span_id && s.trace_id == first.trace_id)
+    {
+        assert!(
+            child.start_time_unix_nano >= after
+                && child.end_time_unix_nano >= child.start_time_unix_nano
+                && child.end_time_unix_nano <= first.end_time_unix_nano,
+            "{} [{}, {}] is not inside its event's [{}, {}] after {after}",
+            child.name,
+            child.start_time_unix_nano,
+            child.end_time_unix_nano,
+            first.start_time_unix_nano,
+            first.end_time_unix_nano
+        );
+        after = child.end_time_unix_nano;
+    }
     assert_eq!(first.kind(), SpanKind::Consumer);
     assert!(collector.service_names().iter().all(|n| n == "orders-test"));
 }
