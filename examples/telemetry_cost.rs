@@ -54,6 +54,16 @@ fn main() -> anyhow::Result<()> {
     }
     let rounds: usize = args.first().map_or(Ok(5), |a| a.parse())?;
     let seconds: f64 = args.get(1).map_or(Ok(2.0), |a| a.parse())?;
+    if rounds == 0 || seconds <= 0.0 {
+        bail!("ROUNDS and SECONDS must be more than 0");
+    }
+    // The exporters' own lines (a full span queue, spans dropped) on
+    // stderr: a figure with spans dropped did not pay for exporting them.
+    env_logger::Builder::from_env(
+        env_logger::Env::default()
+            .default_filter_or("order_guard::telemetry=info,telemetry_cost=info"),
+    )
+    .init();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
@@ -66,7 +76,7 @@ struct Subject {
     processor: Arc<Processor>,
     /// CPU µs per event, per concurrency, one per round.
     figures: Vec<Vec<f64>>,
-    _telemetry: Option<Telemetry>,
+    telemetry: Option<Telemetry>,
 }
 
 async fn measure(rounds: usize, window: Duration) -> anyhow::Result<()> {
@@ -119,8 +129,11 @@ async fn measure(rounds: usize, window: Duration) -> anyhow::Result<()> {
             name,
             processor,
             figures: vec![Vec::new(); CONCURRENCY.len()],
-            _telemetry: telemetry,
+            telemetry,
         });
+    }
+    if subjects.is_empty() {
+        bail!("ONLY={only:?} names no configuration");
     }
     println!(
         "{rounds} rounds of {:.1} s per configuration and concurrency, cache-hit duplicates",
@@ -137,6 +150,11 @@ async fn measure(rounds: usize, window: Duration) -> anyhow::Result<()> {
             }
         }
         println!("round {} of {rounds} done", round + 1);
+    }
+    for subject in &mut subjects {
+        if let Some(telemetry) = subject.telemetry.take() {
+            telemetry.shutdown().await;
+        }
     }
     println!();
     println!("| configuration | c | CPU µs per duplicate (median) | rounds | added (median of per-round differences) |");
@@ -177,7 +195,6 @@ async fn duplicates(
             tokio::spawn(async move {
                 let mut i = t;
                 while !stop.load(Ordering::Relaxed) {
-                    // As the host's handler does: the invocation id in scope.
                     // As the host does: the invocation id read only for
                     // telemetry, in scope either way.
                     let id = processor
@@ -211,6 +228,8 @@ async fn duplicates(
     if n == 0 {
         bail!("no event answered");
     }
+    // Beside the exporters' lines: how many spans a window made at most.
+    log::info!("{n} events at c={concurrency}");
     Ok(cpu * 1e6 / n as f64)
 }
 
@@ -250,17 +269,38 @@ fn event(i: usize) -> Value {
 fn cpu_seconds() -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     // Fields after the command's closing parenthesis; utime and stime are
-    // the 14th and 15th of the whole line, in clock ticks (100 a second).
+    // the 14th and 15th of the whole line, in clock ticks.
     let rest = stat.rsplit_once(')').context("/proc/self/stat")?.1;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    Ok(ticks as f64 / 100.0)
+    Ok(ticks as f64 / clock_ticks_per_second())
 }
 
+/// `getconf CLK_TCK`: the unit of `/proc`'s CPU times (100 on Linux).
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// The median (of the two middle values, their mean); `values` is never
+/// empty (at least one round).
 fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
+    let mid = sorted.len() / 2;
+    if sorted.len().is_multiple_of(2) {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    } else {
+        sorted[mid]
+    }
 }
 
 /// The collector, in a process of its own so that its CPU is not counted.

@@ -98,13 +98,14 @@ wait_port "$REDIS_HANDLER_PORT" "order-guard (cache off)"
 # per event, measured beside the plain handler in the same rounds.
 # BENCH_TELEMETRY=0 skips it. Its traces are sampled as Functions samples
 # them by default (Application Insights: `microsoft.rate_limited`, 5 a
-# second); BENCH_OTEL_SAMPLER / BENCH_OTEL_SAMPLER_ARG choose another
-# (`always_on`: every trace, the default with OTLP only).
+# second; BENCH_OTEL_SAMPLER_ARG another rate); BENCH_OTEL_SAMPLER chooses
+# another sampler, with BENCH_OTEL_SAMPLER_ARG its argument (`always_on`:
+# every trace, the default with OTLP only).
 TELEMETRY_ARGS=()
 if [ "${BENCH_TELEMETRY:-1}" != 0 ]; then
   OTEL_SAMPLER="${BENCH_OTEL_SAMPLER:-microsoft.rate_limited}"
   if [ -z "${BENCH_OTEL_SAMPLER:-}" ]; then
-    OTEL_SAMPLER_ARG=5
+    OTEL_SAMPLER_ARG="${BENCH_OTEL_SAMPLER_ARG:-5}"
   else
     OTEL_SAMPLER_ARG="${BENCH_OTEL_SAMPLER_ARG:-}"
   fi
@@ -113,7 +114,7 @@ if [ "${BENCH_TELEMETRY:-1}" != 0 ]; then
   PIDS+=("$!")
   wait_port "$SINK_PORT" "otlp sink"
   OTEL_HANDLER_PORT="$(free_port)"
-  echo "==> order-guard serve on 127.0.0.1:$OTEL_HANDLER_PORT (as the first, plus OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$SINK_PORT, OTEL_TRACES_SAMPLER=$OTEL_SAMPLER OTEL_TRACES_SAMPLER_ARG=$OTEL_SAMPLER_ARG)"
+  echo "==> order-guard serve on 127.0.0.1:$OTEL_HANDLER_PORT (as the first, plus OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$SINK_PORT, OTEL_TRACES_SAMPLER=$OTEL_SAMPLER OTEL_TRACES_SAMPLER_ARG=${OTEL_SAMPLER_ARG:-(unset)})"
   FUNCTIONS_CUSTOMHANDLER_PORT="$OTEL_HANDLER_PORT" \
     REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
     GUARD_KEY_PREFIX="ordot:" \

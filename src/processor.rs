@@ -299,7 +299,7 @@ impl Processor {
         let mut facts = Facts::new(self.guard.name(), self.telemetry.is_some(), started);
         let outcome = self.process_order(&work, &mut facts).await;
         self.counters.count(outcome.outcome);
-        self.report_order(&work.order.order_id, &outcome, &facts, started);
+        self.report_order(&work.order.order_id, &outcome, &facts);
         let level = match outcome.outcome {
             OutcomeKind::Executed | OutcomeKind::Duplicate => log::Level::Info,
             OutcomeKind::InProgress | OutcomeKind::Conflict | OutcomeKind::Rejected => {

@@ -530,9 +530,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                     .zip(&o.cpu_per_round)
                     .filter_map(|(w, o)| Some(w.get("handler")? / o.get("handler")?))
                     .collect();
-                let mut sorted = per_round.clone();
-                sorted.sort_by(f64::total_cmp);
-                e.ratio_to_ceiling = sorted.get(sorted.len() / 2).copied();
+                e.ratio_to_ceiling = median(&per_round);
                 e.ceiling = Some(format!("{without}_cpu, median of rounds"));
                 e.ratios.insert(
                     "all rounds pooled".into(),

@@ -361,13 +361,13 @@ impl Series {
         for (name, secs) in &s.cpu {
             *self.cpu.entry(name).or_default() += secs;
         }
-        if s.ops > 0 {
-            let per_op = s
-                .cpu
-                .iter()
-                .map(|(name, secs)| (*name, secs * 1e6 / s.ops as f64));
-            self.cpu_per_round.push(per_op.collect());
-        }
+        // One entry a round, whatever it measured: round i of one series
+        // pairs with round i of another (NaN per op when none was done).
+        let per_op = s
+            .cpu
+            .iter()
+            .map(|(name, secs)| (*name, secs * 1e6 / s.ops as f64));
+        self.cpu_per_round.push(per_op.collect());
         match &mut self.hist {
             Some(h) => h.add(&s.hist)?,
             None => self.hist = Some(s.hist.clone()),

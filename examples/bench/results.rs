@@ -13,7 +13,8 @@ pub(crate) struct Entry {
     /// Which ceiling the ratio is taken against.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) ceiling: Option<String>,
-    /// Extra ratios when a figure has two ceilings (the duplicate path).
+    /// Extra ratios: against each ceiling when a figure has two (the
+    /// duplicate path), or the pooled ratio beside a median of rounds.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) ratios: BTreeMap<String, f64>,
     /// Each round's figure, for the spread within this run: its throughput,
@@ -37,6 +38,18 @@ pub(crate) fn entry(
         ceiling: None,
         ratios: BTreeMap::new(),
         per_round: Vec::new(),
+    }
+}
+
+/// The median (of an even count, the mean of the two middle values).
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    match sorted.len() {
+        0 => None,
+        n if n.is_multiple_of(2) => Some((sorted[mid - 1] + sorted[mid]) / 2.0),
+        _ => Some(sorted[mid]),
     }
 }
 

@@ -12,6 +12,10 @@ use crate::telemetry::{CacheReport, EventReport, LoadReport, LoadSource, PoolRep
 
 /// The `decided_by` of an answer the store gave.
 pub(super) const STORE: &str = "store";
+/// The `decided_by` of an answer no one but the event decided.
+const NO_ONE: &str = "none";
+/// A poison event's one step: the store's `reject`.
+const REJECT: &str = "reject";
 
 /// A step's name in telemetry.
 fn step_name(step: Step) -> &'static str {
@@ -28,12 +32,12 @@ fn step_name(step: Step) -> &'static str {
 }
 
 impl Facts {
-    /// The facts of an event whose steps began at `started`, now (`timed`:
-    /// telemetry is on).
+    /// The facts of an event whose steps began at `started` (`timed`:
+    /// telemetry is on, and reads the wall clock now).
     pub(super) fn new(guard_label: &'static str, timed: bool, started: Instant) -> Facts {
         Facts {
             arrived: timed.then(|| (SystemTime::now(), started)),
-            decided_by: "none",
+            decided_by: NO_ONE,
             steps: Vec::new(),
             token: None,
             existing: None,
@@ -45,8 +49,8 @@ impl Facts {
 
 impl Processor {
     /// `step`, begun at `began`, as telemetry times it: its wall-clock
-    /// start from the event's arrival (one clock read per event, not two
-    /// per step).
+    /// start is the event's arrival plus the monotonic offset (one
+    /// wall-clock read per event instead of one per step).
     pub(super) fn timing(
         &self,
         step: Step,
@@ -66,13 +70,7 @@ impl Processor {
     }
 
     /// An order's event answered: its counter, durations and span.
-    pub(super) fn report_order(
-        &self,
-        order_id: &str,
-        outcome: &Outcome,
-        facts: &Facts,
-        started: Instant,
-    ) {
+    pub(super) fn report_order(&self, order_id: &str, outcome: &Outcome, facts: &Facts) {
         let (Some(t), Some(arrived)) = (&self.telemetry, facts.arrived) else {
             return;
         };
@@ -83,7 +81,7 @@ impl Processor {
             guard: outcome.guard,
             decided_by: facts.decided_by,
             started: arrived.0,
-            elapsed: started.elapsed(),
+            elapsed: arrived.1.elapsed(),
             steps: &facts.steps,
         });
     }
@@ -105,11 +103,11 @@ impl Processor {
             event_id: event_id.as_deref(),
             outcome: kind.as_str(),
             guard: self.guard.name(),
-            decided_by: "none",
+            decided_by: NO_ONE,
             started: arrived.0,
             elapsed,
             steps: &[StepTiming {
-                step: "reject",
+                step: REJECT,
                 component: self.store.name(),
                 started: arrived.0,
                 elapsed,
@@ -153,6 +151,41 @@ impl LoadSource for Processor {
                 logins_waiting: p.logins_waiting,
             }),
             writer: store.writer,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::{COMPONENTS, DECIDERS, OUTCOMES, STEPS};
+
+    /// Telemetry records the values it lists through bound handles, the
+    /// others unbound (counted, but at the cost of a lookup): every value
+    /// the processor reports is listed.
+    #[test]
+    fn every_value_reported_is_one_telemetry_binds() {
+        for kind in OutcomeKind::ALL {
+            assert!(OUTCOMES.contains(&kind.as_str()), "{kind:?}");
+        }
+        let steps = [
+            Step::Recall,
+            Step::Acquire,
+            Step::ReadRow,
+            Step::Execute,
+            Step::StoreConflict,
+            Step::MarkCompleted,
+            Step::Release,
+        ];
+        for step in steps {
+            assert!(STEPS.contains(&step_name(step)), "{step:?}");
+        }
+        assert!(STEPS.contains(&REJECT), "a poison event's step");
+        for decider in [RECALLED, STORE, NO_ONE, "redis", "memory"] {
+            assert!(DECIDERS.contains(&decider), "{decider}");
+        }
+        for component in [RECALLED, "redis", "memory", "sqlite", "sqlserver"] {
+            assert!(COMPONENTS.contains(&component), "{component}");
         }
     }
 }

@@ -69,8 +69,9 @@ pub struct EventReport<'a> {
 }
 
 /// The values the per-event attributes take, in their bound handles'
-/// order (a value not listed is recorded unbound, never lost).
-const OUTCOMES: [&str; 6] = [
+/// order (a value not listed is recorded unbound, never lost; the
+/// processor's tests check that it reports none).
+pub(crate) const OUTCOMES: [&str; 6] = [
     "executed",
     "duplicate",
     "in_progress",
@@ -78,8 +79,8 @@ const OUTCOMES: [&str; 6] = [
     "rejected",
     "retry",
 ];
-const DECIDERS: [&str; 5] = ["cache", "redis", "memory", "store", "none"];
-const STEPS: [&str; 8] = [
+pub(crate) const DECIDERS: [&str; 5] = ["cache", "redis", "memory", "store", "none"];
+pub(crate) const STEPS: [&str; 8] = [
     "recall",
     "acquire",
     "read_row",
@@ -89,7 +90,7 @@ const STEPS: [&str; 8] = [
     "release",
     "reject",
 ];
-const COMPONENTS: [&str; 5] = ["cache", "redis", "memory", "sqlite", "sqlserver"];
+pub(crate) const COMPONENTS: [&str; 5] = ["cache", "redis", "memory", "sqlite", "sqlserver"];
 
 /// The place of `(a, b)` in a table of `a_values` × `b_values`.
 fn place(a_values: &[&str], a: &str, b_values: &[&str], b: &str) -> Option<usize> {
@@ -187,7 +188,7 @@ impl EventTelemetry {
 
     /// One event answered: its counter, its histograms, its span.
     pub fn event(&self, report: &EventReport<'_>) {
-        let counted = || {
+        let event_attributes = || {
             [
                 system(),
                 KeyValue::new("order_guard.outcome", report.outcome),
@@ -197,12 +198,12 @@ impl EventTelemetry {
         match place(&OUTCOMES, report.outcome, &DECIDERS, report.decided_by) {
             Some(p) => self
                 .events_bound
-                .get(p, || self.events.bind(&counted()))
+                .get(p, || self.events.bind(&event_attributes()))
                 .add(1),
-            None => self.events.add(1, &counted()),
+            None => self.events.add(1, &event_attributes()),
         }
         let seconds = report.elapsed.as_secs_f64();
-        let timed = || {
+        let duration_attributes = || {
             [
                 system(),
                 KeyValue::new("messaging.operation.name", "process"),
@@ -213,9 +214,9 @@ impl EventTelemetry {
         match OUTCOMES.iter().position(|o| *o == report.outcome) {
             Some(p) => self
                 .duration_bound
-                .get(p, || self.duration.bind(&timed()))
+                .get(p, || self.duration.bind(&duration_attributes()))
                 .record(seconds),
-            None => self.duration.record(seconds, &timed()),
+            None => self.duration.record(seconds, &duration_attributes()),
         }
         for step in report.steps {
             let seconds = step.elapsed.as_secs_f64();

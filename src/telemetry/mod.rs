@@ -38,6 +38,10 @@ use std::time::Duration;
 pub use instruments::{
     CacheReport, EventReport, EventTelemetry, LoadReport, LoadSource, PoolReport, StepTiming,
 };
+/// The attribute values the per-event instruments are bound to (the
+/// processor's tests check it reports no other).
+#[cfg(test)]
+pub(crate) use instruments::{COMPONENTS, DECIDERS, OUTCOMES, STEPS};
 pub use sampling::{Sampling, DEFAULT_TRACES_PER_SECOND};
 
 /// What to export, built by `config` from the standard `OTEL_*` variables.
