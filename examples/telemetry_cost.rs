@@ -9,7 +9,7 @@
 //! each answering cache-hit duplicates (the cheapest event, where
 //! telemetry weighs the most) at concurrency 1 and 32, in rounds that
 //! alternate the processors. The figure is the process's CPU (user +
-//! system, `/proc/self/stat`) per event: the exporters' threads included,
+//! system, `/proc/<pid>/stat`) per event: the exporters' threads included,
 //! the collector not (it runs in a process of its own, `telemetry_cost
 //! sink PORT`, and takes every export).
 //!
@@ -25,6 +25,9 @@
 //! the rounds and what it adds to the plain processor's; what that is of a
 //! whole duplicate is that figure over the handler's CPU per duplicate from
 //! `scripts/bench.sh` (docs/benchmarks.md).
+
+#[path = "bench/cpu.rs"]
+mod cpu;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -187,7 +190,7 @@ async fn duplicates(
 ) -> anyhow::Result<f64> {
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicU64::new(0));
-    let cpu_before = cpu_seconds()?;
+    let cpu_before = cpu::cpu_seconds(std::process::id())?;
     let tasks: Vec<_> = (0..concurrency)
         .map(|t| {
             let (processor, events) = (Arc::clone(processor), Arc::clone(events));
@@ -223,7 +226,7 @@ async fn duplicates(
     for t in tasks {
         t.await??;
     }
-    let cpu = cpu_seconds()? - cpu_before;
+    let cpu = cpu::cpu_seconds(std::process::id())? - cpu_before;
     let n = answered.load(Ordering::Relaxed);
     if n == 0 {
         bail!("no event answered");
@@ -262,31 +265,6 @@ fn event(i: usize) -> Value {
         },
         "dataVersion": "1.0",
         "metadataVersion": "1"
-    })
-}
-
-/// This process's CPU time so far (user + system), in seconds.
-fn cpu_seconds() -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // Fields after the command's closing parenthesis; utime and stime are
-    // the 14th and 15th of the whole line, in clock ticks.
-    let rest = stat.rsplit_once(')').context("/proc/self/stat")?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    Ok(ticks as f64 / clock_ticks_per_second())
-}
-
-/// `getconf CLK_TCK`: the unit of `/proc`'s CPU times (100 on Linux).
-fn clock_ticks_per_second() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
     })
 }
 

@@ -22,6 +22,7 @@
 //! Every loop is bounded in time and count; it only talks to loopback.
 
 mod ceiling;
+mod cpu;
 mod invocations;
 mod phases;
 mod plots;
@@ -45,6 +46,7 @@ use serde::Serialize;
 use tokio::net::TcpStream;
 
 use ceiling::*;
+use cpu::*;
 use invocations::*;
 use phases::*;
 use plots::*;
@@ -207,7 +209,6 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     let mut series: BTreeMap<(&str, usize), Series> = BTreeMap::new();
     let sqlite_path = opts.scratch.join("commit-ceiling.db");
     // The processes whose CPU each phase reads.
-    let handler = [("handler", opts.handler_pid)];
     let through_redis = [
         ("handler", opts.redis_handler_pid),
         ("redis", opts.redis_pid),
@@ -251,38 +252,40 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             // The handler, and beside it the same with an OTLP exporter, in
             // alternating order: what drifts within a round falls on each in
             // turn, and the two figures divided are taken moments apart.
-            let otel = opts.telemetry_handler.zip(opts.telemetry_handler_pid);
-            let otel_first = otel.is_some() && round % 2 == 1;
-            for telemetry in [otel_first, !otel_first] {
-                if !telemetry {
-                    let (first, dup) = first_then_duplicates(
-                        opts.handler,
-                        tag,
-                        c,
-                        warmup,
-                        measure,
-                        &unique,
-                        &next,
-                        &handler,
-                    )
-                    .await?;
-                    record("first_delivery", &first)?;
-                    record("duplicate_cache_hit", &dup)?;
-                } else if let Some((addr, pid)) = otel {
-                    let (first, dup) = first_then_duplicates(
-                        addr,
-                        tag ^ 0x0e1e_0e1e,
-                        c,
-                        warmup,
-                        measure,
-                        &unique_otel,
-                        &next,
-                        &[("handler", pid)],
-                    )
-                    .await?;
-                    record("first_delivery_otel", &first)?;
-                    record("duplicate_otel", &dup)?;
-                }
+            let plain = Some((
+                opts.handler,
+                opts.handler_pid,
+                tag,
+                &unique,
+                ["first_delivery", "duplicate_cache_hit"],
+            ));
+            let otel = (opts.telemetry_handler.zip(opts.telemetry_handler_pid)).map(|(a, p)| {
+                (
+                    a,
+                    p,
+                    tag ^ 0x0e1e_0e1e,
+                    &unique_otel,
+                    ["first_delivery_otel", "duplicate_otel"],
+                )
+            });
+            let mut pair = [plain, otel];
+            if round % 2 == 1 {
+                pair.reverse();
+            }
+            for (addr, pid, tag, unique, [first_name, dup_name]) in pair.into_iter().flatten() {
+                let (first, dup) = first_then_duplicates(
+                    addr,
+                    tag,
+                    c,
+                    warmup,
+                    measure,
+                    unique,
+                    &next,
+                    &[("handler", pid)],
+                )
+                .await?;
+                record(first_name, &first)?;
+                record(dup_name, &dup)?;
             }
             // The same on a handler without the cache: duplicates go to Redis.
             let (_, dup) = first_then_duplicates(
