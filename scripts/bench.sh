@@ -32,6 +32,16 @@ mkdir -p "$SCRATCH_PARENT"
 SCRATCH="$(mktemp -d "$SCRATCH_PARENT/bench-scratch.XXXXXX")"
 PIDS=()
 cleanup() {
+  local status=$?
+  # A failed run shows what the servers it started said before their
+  # scratch directory goes (a refused connection names no one otherwise).
+  if [ "$status" != 0 ]; then
+    for log in "$SCRATCH"/*.log; do
+      [ -s "$log" ] || continue
+      echo "--- last lines of $(basename "$log") ---" >&2
+      tail -n 20 "$log" >&2
+    done
+  fi
   for pid in "${PIDS[@]}"; do
     kill "$pid" 2>/dev/null || true
   done
