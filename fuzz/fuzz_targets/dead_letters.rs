@@ -23,7 +23,10 @@ fn check_storage(value: &str) {
         Ok(target) => format!("{target:?}"),
         Err(e) => e,
     };
-    assert!(!leaks(&shown), "DEAD_LETTER_STORAGE={value:?} shows the secret: {shown}");
+    assert!(
+        !leaks(&shown),
+        "DEAD_LETTER_STORAGE={value:?} shows the secret: {shown}"
+    );
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -39,7 +42,11 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Some(parsed) = name::parse(s) {
         let text = parsed.to_string();
-        assert_eq!(name::parse(&text).as_ref(), Some(&parsed), "{s:?} → {text:?}");
+        assert_eq!(
+            name::parse(&text).as_ref(),
+            Some(&parsed),
+            "{s:?} → {text:?}"
+        );
     }
 
     if leaks(s) {
