@@ -42,8 +42,9 @@ else
   echo "==> SQL Server tests will run against ORDER_GUARD_TEST_MSSQL"
 fi
 
-echo "==> cargo fmt --check"
+echo "==> cargo fmt --check (and fuzz/, a crate of its own)"
 cargo fmt --all -- --check
+(cd fuzz && cargo fmt --all -- --check)
 
 echo "==> cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
