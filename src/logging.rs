@@ -179,79 +179,89 @@ mod tests {
         }
     }
 
-    /// Whether a record of `target` at `level` saying `args` is left out.
-    fn record(target: &str, level: Level, args: std::fmt::Arguments<'_>) -> bool {
+    /// Whether a record of `target` at `level` saying `text` is left out.
+    fn record(target: &str, level: Level, text: &str) -> bool {
         left_out(
             &Record::builder()
                 .target(target)
                 .level(level)
-                .args(args)
+                .args(format_args!("{text}"))
                 .build(),
         )
     }
 
+    /// Each `(target, level, message, left out?)` as `left_out` must say.
+    fn assert_cases(cases: &[(&str, Level, String, bool)]) {
+        for (target, level, text, out) in cases {
+            assert_eq!(
+                record(target, *level, text),
+                *out,
+                "{target} {level} {text:?}: left out should be {out}"
+            );
+        }
+    }
+
+    const SDK: &str = "opentelemetry_sdk";
+    const OURS: &str = "order_guard::telemetry";
+
     #[test]
     fn the_sdks_line_per_failed_export_is_left_to_telemetry() {
         let error = r#"error="Operation failed: HTTP export failed: network error""#;
-        for name in [
-            "BatchSpanProcessor.ExportError",
-            "PeriodicReader.ExportError",
-        ] {
-            assert!(record(
-                "opentelemetry_sdk",
+        let export = |name: &str| format!("name=\"{name}\" {error}");
+        assert_cases(&[
+            (
+                SDK,
                 Level::Error,
-                format_args!("name=\"{name}\" {error}")
-            ));
-        }
-        // The SDK's other lines, and anyone else's, are written.
-        assert!(!record(
-            "opentelemetry_sdk",
-            Level::Error,
-            format_args!("name=\"BatchSpanProcessor.Shutdown.Timeout\"")
-        ));
-        assert!(!record(
-            "order_guard::telemetry",
-            Level::Error,
-            format_args!("name=\"PeriodicReader.ExportError\"")
-        ));
+                export("BatchSpanProcessor.ExportError"),
+                true,
+            ),
+            (
+                SDK,
+                Level::Error,
+                export("PeriodicReader.ExportError"),
+                true,
+            ),
+            // The SDK's other lines, and anyone else's, are written.
+            (
+                SDK,
+                Level::Error,
+                export("BatchSpanProcessor.Shutdown.Timeout"),
+                false,
+            ),
+            (
+                OURS,
+                Level::Error,
+                export("PeriodicReader.ExportError"),
+                false,
+            ),
+        ]);
     }
 
     #[test]
     fn the_sdks_warnings_on_the_sampler_variable_are_left_to_config() {
         let message = "message=Unrecognized sampler type 'microsoft.rate_limited'";
-        for name in [
-            "InvalidSamplerType",
-            "InvalidSamplerArgument",
-            "UnsupportedSampler",
-        ] {
-            assert!(record(
-                "opentelemetry_sdk",
+        let config = |name: &str| format!("name=\"TracerProvider.Config.{name}\" {message}");
+        assert_cases(&[
+            (SDK, Level::Warn, config("InvalidSamplerType"), true),
+            (SDK, Level::Warn, config("InvalidSamplerArgument"), true),
+            (SDK, Level::Warn, config("UnsupportedSampler"), true),
+            // Its other warnings, the same names at another level, and
+            // anyone else's are written.
+            (
+                SDK,
                 Level::Warn,
-                format_args!("name=\"TracerProvider.Config.{name}\" {message}")
-            ));
-        }
-        // Its other warnings, the same names at another level, and anyone
-        // else's are written.
-        assert!(!record(
-            "opentelemetry_sdk",
-            Level::Warn,
-            format_args!("name=\"BatchSpanProcessor.Flush.Timeout\"")
-        ));
-        assert!(!record(
-            "opentelemetry_sdk",
-            Level::Error,
-            format_args!("name=\"TracerProvider.Config.InvalidSamplerType\"")
-        ));
-        assert!(!record(
-            "opentelemetry_sdk",
-            Level::Warn,
-            format_args!("name=\"PeriodicReader.ExportError\"")
-        ));
-        assert!(!record(
-            "order_guard::telemetry",
-            Level::Warn,
-            format_args!("name=\"TracerProvider.Config.InvalidSamplerType\"")
-        ));
+                "name=\"BatchSpanProcessor.Flush.Timeout\"".into(),
+                false,
+            ),
+            (SDK, Level::Error, config("InvalidSamplerType"), false),
+            (
+                SDK,
+                Level::Warn,
+                "name=\"PeriodicReader.ExportError\"".into(),
+                false,
+            ),
+            (OURS, Level::Warn, config("InvalidSamplerType"), false),
+        ]);
     }
 
     #[test]
