@@ -246,11 +246,23 @@ fn every_azurite_command_we_show_or_run_disables_its_telemetry() {
             }
         }
     }
-    // tests/common/azurite.rs passes its flags one per line.
+    // tests/common/azurite.rs passes its flags one per line: the flag
+    // comes first, right after the binary, on the line that starts it.
     let harness = std::fs::read_to_string(root.join("tests/common/azurite.rs")).unwrap();
-    assert!(
-        harness.contains("\"--disableTelemetry\""),
-        "the test harness's Azurite"
+    let spawns: Vec<&str> = harness
+        .lines()
+        .skip_while(|l| !l.contains("Command::new(&bin)"))
+        .take(2)
+        .collect();
+    assert_eq!(
+        spawns.get(1).map(|l| l.trim()),
+        Some(".arg(\"--disableTelemetry\")"),
+        "the test harness's Azurite must be started with --disableTelemetry first: {spawns:?}"
+    );
+    assert_eq!(
+        harness.matches("Command::new(").count(),
+        1,
+        "the harness starts Azurite in one place"
     );
     assert!(
         checked >= 2,

@@ -29,13 +29,15 @@ impl Azurite {
         );
         let port = super::free_port();
         let dir = tempfile::tempdir().expect("temp dir");
+        // Never without --disableTelemetry: by default Azurite reports usage
+        // to a Microsoft host on the internet.
         let mut child = Command::new(&bin)
+            .arg("--disableTelemetry")
             .args([
                 "--blobHost",
                 "127.0.0.1",
                 "--blobPort",
                 &port.to_string(),
-                "--disableTelemetry",
                 "--skipApiVersionCheck",
                 "--silent",
                 "--inMemoryPersistence",
