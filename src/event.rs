@@ -27,26 +27,90 @@ pub fn shown(s: &str) -> String {
 }
 
 /// Text from an event made safe for one log line: every control character
-/// (`\n`, `\r`, `\t`, `\u{1b}` …) and every Unicode line or paragraph
-/// separator is written as its Rust escape, so no value an event carries
-/// can start a line of its own (the Functions host makes each stdout line
-/// a log entry) or drive a terminal. Text without such characters is
+/// (`\n`, `\r`, `\t`, `\u{1b}` …), every Unicode line or paragraph
+/// separator and every bidirectional control (which reorders what a viewer
+/// shows) is written as its Rust escape, so no value an event carries can
+/// start a line of its own (the Functions host makes each stdout line a log
+/// entry; many viewers split at U+2028), hide or reorder the text around it,
+/// or drive a terminal. And the word `warn` (any case) is broken by writing
+/// its `a` as `\u{61}` (`\u{41}`): the host makes a stderr line a Warning
+/// when it holds that word ([`crate::logging::host_severity`]), so an id
+/// holding it would lower an error's severity. Text without any of these is
 /// returned as it is, without a copy.
 pub fn escaped(s: &str) -> Cow<'_, str> {
-    let needs = |c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}');
-    if !s.chars().any(needs) {
+    escape(s, true)
+}
+
+/// [`escaped`] without breaking `warn`: for a whole line whose severity is
+/// a warning anyway.
+pub fn one_line(s: &str) -> Cow<'_, str> {
+    escape(s, false)
+}
+
+fn escape(s: &str, break_warn: bool) -> Cow<'_, str> {
+    let break_warn = break_warn && holds_warn(s);
+    if !break_warn && !s.chars().any(needs_escape) {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        if needs(c) {
+    push_escaped(&mut out, s, break_warn);
+    Cow::Owned(out)
+}
+
+/// A value as the stable `key=value` tail of a log line shows it: quoted
+/// and escaped as a Rust string (`{:?}`), with `warn` broken as in
+/// [`escaped`] (`\u{61}` is a Rust string escape, so a reader that unquotes
+/// the value gets the text back).
+pub struct Quoted<'a>(pub &'a str);
+
+impl std::fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let debug = format!("{:?}", self.0);
+        // `{:?}` leaves bidi controls and separators it deems printable as
+        // they are: escape whatever it left, as `escaped` does.
+        f.write_str(&escaped(&debug))
+    }
+}
+
+/// Characters [`escaped`] writes as their escape.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            // Line and paragraph separators.
+            '\u{2028}' | '\u{2029}'
+            // Bidirectional controls: the Arabic letter mark, the implicit
+            // marks, the embeddings and overrides, the isolates.
+            | '\u{061c}' | '\u{200e}' | '\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2066}'..='\u{2069}'
+        )
+}
+
+fn holds_warn(s: &str) -> bool {
+    s.as_bytes()
+        .windows(4)
+        .any(|w| w.eq_ignore_ascii_case(b"warn"))
+}
+
+fn push_escaped(out: &mut String, s: &str, break_warn: bool) {
+    let bytes = s.as_bytes();
+    for (i, c) in s.char_indices() {
+        if needs_escape(c) {
             // `\n`, `\r`, `\t`, else `\u{…}`: never a character of its own.
             out.extend(c.escape_default());
+        } else if break_warn
+            && (c == 'a' || c == 'A')
+            && i >= 1
+            && bytes.len() >= i + 3
+            && bytes[i - 1].eq_ignore_ascii_case(&b'w')
+            && bytes[i + 1..i + 3].eq_ignore_ascii_case(b"rn")
+        {
+            out.extend(c.escape_unicode());
         } else {
             out.push(c);
         }
     }
-    Cow::Owned(out)
 }
 
 /// Refuse an event whose type is not in `allowed` (`None`: every type is an
@@ -321,6 +385,44 @@ mod tests {
         }
         let long = "T".repeat(100_000);
         assert!(check_type(&long, Some(&allowed)).unwrap_err().0.len() < 400);
+    }
+
+    /// Each character class a log viewer acts on, in the human form and in
+    /// the quoted tail alike.
+    #[test]
+    fn separators_bidi_controls_and_the_severity_word_are_escaped() {
+        let cases = [
+            ("line separator", "o\u{2028}FORGED", "o\\u{2028}FORGED"),
+            ("paragraph separator", "o\u{2029}x", "o\\u{2029}x"),
+            ("next line", "o\u{85}x", "o\\u{85}x"),
+            ("right-to-left override", "o\u{202e}x", "o\\u{202e}x"),
+            ("left-to-right embedding", "o\u{202a}x", "o\\u{202a}x"),
+            ("pop directional formatting", "o\u{202c}x", "o\\u{202c}x"),
+            ("first strong isolate", "o\u{2068}x", "o\\u{2068}x"),
+            ("pop directional isolate", "o\u{2069}x", "o\\u{2069}x"),
+            ("right-to-left mark", "o\u{200f}x", "o\\u{200f}x"),
+            ("Arabic letter mark", "o\u{61c}x", "o\\u{61c}x"),
+            ("the word warn", "o-warn-1", "o-w\\u{61}rn-1"),
+            ("the word in capitals", "WARNING", "W\\u{41}RNING"),
+            ("the word in mixed case", "fore-wArNed", "fore-w\\u{41}rNed"),
+            ("twice", "warnwarn", "w\\u{61}rnw\\u{61}rn"),
+        ];
+        for (what, raw, want) in cases {
+            assert_eq!(escaped(raw), want, "{what}");
+            let quoted = Quoted(raw).to_string();
+            assert_eq!(quoted, format!("\"{want}\""), "{what}, quoted");
+            assert!(
+                !crate::logging::host_severity(crate::logging::Stream::Stderr, &quoted)
+                    .eq(&crate::logging::HostSeverity::Warning),
+                "{what}: the quoted form still reads as a warning"
+            );
+        }
+        // Almost the word is left alone, without a copy.
+        for plain in ["war", "wa rn", "w-arn", "arn"] {
+            assert!(matches!(escaped(plain), Cow::Borrowed(_)), "{plain}");
+        }
+        // The quoted tail stays what `{:?}` writes for ordinary text.
+        assert_eq!(Quoted("o-1 \"q\"\\").to_string(), "\"o-1 \\\"q\\\"\\\\\"");
     }
 
     #[test]

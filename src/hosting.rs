@@ -1,9 +1,15 @@
 //! Where the handler runs: which Azure hosting plan, if any, from the same
-//! environment variables the Functions host reads to know it.
+//! environment variables the Functions host reads to know it ([`detect`]),
+//! and whether the embedded state is safe there ([`runs`]).
 //!
-//! A pure function of the environment ([`detect`]); `config` uses it to
-//! refuse the embedded defaults (in-memory guard, SQLite file) wherever the
-//! app may run on more than one instance or on a disk it does not own.
+//! Pure functions of the environment; `config` uses them to refuse the
+//! embedded state (in-memory guard, SQLite file) wherever the app may run on
+//! more than one instance or on a disk it does not own. The rule is the safe
+//! way round: the embedded state only where Core Tools, or no Functions host
+//! at all, is seen. A Functions host that is not Core Tools (an Azure plan,
+//! or a Functions container its users host themselves: AKS with KEDA, a
+//! plain Container App, Docker on a VM) may run the app on several replicas
+//! and restart it on a fresh disk.
 //!
 //! The rules are the host's own, from Azure/azure-functions-host
 //! (`src/WebJobs.Script/Environment/EnvironmentExtensions.cs`:
@@ -17,9 +23,13 @@
 //! (`Workers/ProcessManagement/DefaultWorkerProcessFactory.cs`), so the
 //! handler sees what the host sees.
 
-/// Every variable [`detect`] may read: set by the platform, never by the user.
-pub const VARIABLES: [&str; 9] = [
+/// Every variable [`detect`] and [`runs`] may read: set by the platform or
+/// the tools, never by the user.
+pub const VARIABLES: [&str; 12] = [
     "FUNCTIONS_WORKER_RUNTIME",
+    "FUNCTIONS_CORETOOLS_ENVIRONMENT",
+    "CONTAINER_APP_NAME",
+    "AzureWebJobsScriptRoot",
     "MANAGED_ENVIRONMENT",
     "WEBSITE_INSTANCE_ID",
     "WEBSITE_SKU",
@@ -81,6 +91,72 @@ impl std::fmt::Display for Detected {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({})", self.plan.name(), self.evidence)
     }
+}
+
+/// Where the handler runs, as far as the embedded state is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Runs {
+    /// On an Azure hosting plan of Functions.
+    OnPlan(Detected),
+    /// Under a Functions host that is not Core Tools and no Azure plan: a
+    /// Functions container hosted by its users. `evidence` says what showed
+    /// it (the runtime variable, and the platform's marks when seen).
+    UnderSelfHostedFunctions { evidence: String },
+    /// Under Core Tools (`func start`), which marks itself.
+    UnderCoreTools,
+    /// With no Functions host: the CLI, a test, a developer's `serve`.
+    WithoutFunctionsHost,
+}
+
+impl Runs {
+    /// Whether one process's own state (an in-memory guard, a local SQLite
+    /// file) can be the whole state: only on a developer's machine.
+    pub fn embedded_state_is_safe(&self) -> bool {
+        matches!(self, Runs::UnderCoreTools | Runs::WithoutFunctionsHost)
+    }
+}
+
+impl std::fmt::Display for Runs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Runs::OnPlan(d) => write!(f, "in Azure on {d}"),
+            Runs::UnderSelfHostedFunctions { evidence } => write!(
+                f,
+                "under a Functions host that is not Core Tools ({evidence}): a container that may run as several replicas and restart on a fresh disk"
+            ),
+            Runs::UnderCoreTools => f.write_str("under Core Tools"),
+            Runs::WithoutFunctionsHost => f.write_str("without a Functions host"),
+        }
+    }
+}
+
+/// Where `get` says the handler runs (see [`Runs`]). Core Tools sets
+/// `FUNCTIONS_CORETOOLS_ENVIRONMENT=true` for the host it starts (and so
+/// for the handler); every Functions host has `FUNCTIONS_WORKER_RUNTIME`
+/// (the host passes its environment on to the handler).
+pub fn runs(get: impl Fn(&str) -> Option<String>) -> Runs {
+    let val = |k: &str| get(k).filter(|v| !v.is_empty());
+    if let Some(plan) = detect(&get) {
+        return Runs::OnPlan(plan);
+    }
+    let Some(runtime) = val("FUNCTIONS_WORKER_RUNTIME") else {
+        return Runs::WithoutFunctionsHost;
+    };
+    if val("FUNCTIONS_CORETOOLS_ENVIRONMENT").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+        return Runs::UnderCoreTools;
+    }
+    let mut evidence =
+        format!("FUNCTIONS_WORKER_RUNTIME={runtime} without FUNCTIONS_CORETOOLS_ENVIRONMENT=true");
+    for (var, platform) in [
+        ("KUBERNETES_SERVICE_HOST", "Kubernetes"),
+        ("CONTAINER_APP_NAME", "Azure Container Apps"),
+        ("AzureWebJobsScriptRoot", "a Functions container image"),
+    ] {
+        if val(var).is_some() {
+            evidence.push_str(&format!("; {var} is set: {platform}"));
+        }
+    }
+    Runs::UnderSelfHostedFunctions { evidence }
 }
 
 /// Which Azure hosting plan `get` describes, or `None` (a developer's
@@ -295,5 +371,87 @@ mod tests {
             ]),
             Some(Plan::Kubernetes)
         );
+    }
+
+    /// The handler's own places: where the embedded state is safe and where
+    /// it is not, each environment as its platform sets it.
+    #[test]
+    fn the_embedded_state_is_safe_only_under_core_tools_or_no_host() {
+        // A developer's machine, CI, the CLI: no Functions host.
+        assert_eq!(runs(|_| None), Runs::WithoutFunctionsHost);
+        let safe = |vars: &[(&str, &str)]| {
+            let env: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let r = runs(|k| env.get(k).cloned());
+            (r.embedded_state_is_safe(), r)
+        };
+        // Core Tools marks the host it starts (`func start`).
+        let (ok, r) = safe(&[F, ("FUNCTIONS_CORETOOLS_ENVIRONMENT", "true")]);
+        assert!(ok, "{r}");
+        assert_eq!(r, Runs::UnderCoreTools);
+        // Outside a Functions host the container variables mean nothing.
+        let (ok, r) = safe(&[
+            ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+            ("CONTAINER_NAME", "ci"),
+        ]);
+        assert!(ok, "{r}");
+        let unsafe_places: [(&str, &[(&str, &str)], &str); 6] = [
+            (
+                "AKS with KEDA",
+                &[
+                    F,
+                    ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+                    ("KUBERNETES_SERVICE_PORT", "443"),
+                    ("AzureWebJobsScriptRoot", "/home/site/wwwroot"),
+                ],
+                "KUBERNETES_SERVICE_HOST is set: Kubernetes",
+            ),
+            (
+                "a plain Container App",
+                &[
+                    F,
+                    ("CONTAINER_APP_NAME", "orders"),
+                    ("CONTAINER_APP_REVISION", "orders--r1"),
+                    ("KUBERNETES_SERVICE_HOST", "100.100.0.1"),
+                ],
+                "CONTAINER_APP_NAME is set: Azure Container Apps",
+            ),
+            (
+                "Docker on a VM",
+                &[
+                    F,
+                    ("AzureWebJobsScriptRoot", "/home/site/wwwroot"),
+                    ("HOSTNAME", "3f2a"),
+                ],
+                "AzureWebJobsScriptRoot is set",
+            ),
+            (
+                "a Functions host with no other mark",
+                &[F],
+                "FUNCTIONS_WORKER_RUNTIME=custom without FUNCTIONS_CORETOOLS_ENVIRONMENT=true",
+            ),
+            (
+                "Core Tools' variable not true",
+                &[F, ("FUNCTIONS_CORETOOLS_ENVIRONMENT", "false")],
+                "without FUNCTIONS_CORETOOLS_ENVIRONMENT=true",
+            ),
+            // An Azure plan wins even if Core Tools' variable was copied in.
+            (
+                "Linux Consumption",
+                &[
+                    F,
+                    ("CONTAINER_NAME", "E9A1C2_orders"),
+                    ("FUNCTIONS_CORETOOLS_ENVIRONMENT", "true"),
+                ],
+                "Consumption (Linux)",
+            ),
+        ];
+        for (place, vars, says) in unsafe_places {
+            let (ok, r) = safe(vars);
+            assert!(!ok, "{place}: {r}");
+            assert!(r.to_string().contains(says), "{place}: {r}");
+        }
     }
 }

@@ -7,8 +7,8 @@
 //! `warn` in any case (`IndexOf("warn", OrdinalIgnoreCase)`), else an Error.
 //! So [`init`] writes `warn` and `error` records to stderr and the rest to
 //! stdout, in env_logger's human form: a warning's line holds its level tag
-//! `WARN` (a Warning to the host), an error's holds `ERROR` (an Error, unless
-//! its text itself says "warn": the host's rule cannot be told otherwise).
+//! `WARN` (a Warning to the host), an error's holds `ERROR` (an Error: the
+//! word `warn` in its text is written with an escape, [`for_stderr`]).
 //! [`host_severity`] is that rule, for the tests that read the real binary's
 //! streams.
 
@@ -47,6 +47,18 @@ fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
         .as_bytes()
         .windows(needle.len())
         .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+}
+
+/// A stderr record's message as written (pure): one line whatever it
+/// holds (control characters, separators and bidi controls escaped, as
+/// [`crate::event::escaped`] does), and, on an error, without the word the
+/// host reads as a warning, so that the host grades the line at the
+/// record's own level.
+pub fn for_stderr(level: Level, message: &str) -> std::borrow::Cow<'_, str> {
+    match level {
+        Level::Error => crate::event::escaped(message),
+        _ => crate::event::one_line(message),
+    }
 }
 
 /// Which stream a record of `level` goes to.
@@ -112,7 +124,23 @@ impl Log for Split {
         }
         match stream_for(record.level()) {
             Stream::Stdout => self.stdout.log(record),
-            Stream::Stderr => self.stderr.log(record),
+            Stream::Stderr => {
+                // The values of events are escaped where they are written
+                // into a message; this holds for every other text too (a
+                // server's error, a library's message), on the stream whose
+                // lines the host grades: one line, at the record's severity.
+                let text = record.args().to_string();
+                let safe = for_stderr(record.level(), &text);
+                self.stderr.log(
+                    &Record::builder()
+                        .args(format_args!("{safe}"))
+                        .metadata(record.metadata().clone())
+                        .module_path(record.module_path())
+                        .file(record.file())
+                        .line(record.line())
+                        .build(),
+                )
+            }
         }
     }
 
@@ -271,5 +299,34 @@ mod tests {
         assert_eq!(stream_for(Level::Info), Stream::Stdout);
         assert_eq!(stream_for(Level::Debug), Stream::Stdout);
         assert_eq!(stream_for(Level::Trace), Stream::Stdout);
+    }
+
+    /// An error's line is graded an Error whatever its message says; every
+    /// stderr line stays one line.
+    #[test]
+    fn a_stderr_message_is_one_line_at_its_own_severity() {
+        let error = |m: &str| {
+            let line = format!(
+                "[2026-12-02T03:00:00.000Z ERROR order_guard] {}",
+                for_stderr(Level::Error, m)
+            );
+            (host_severity(Stream::Stderr, &line), line)
+        };
+        for m in ["order o-warn: retry", "a WARNING from the server", "plain"] {
+            let (severity, line) = error(m);
+            assert_eq!(severity, HostSeverity::Error, "{line}");
+        }
+        for level in [Level::Error, Level::Warn] {
+            for m in ["a\nFORGED", "a\u{2028}FORGED", "a\u{202e}FORGED", "a\r\n"] {
+                let out = for_stderr(level, m);
+                assert!(
+                    !out.chars()
+                        .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{202e}')),
+                    "{level}: {out:?}"
+                );
+            }
+        }
+        // A warning keeps its words: its tag already makes it a Warning.
+        assert_eq!(for_stderr(Level::Warn, "forewarned"), "forewarned");
     }
 }

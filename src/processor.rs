@@ -29,7 +29,7 @@ use crate::decision::{
     HeldElsewhere, Recollection, Reply, Step, Why,
 };
 pub use crate::decision::{completion_marker, GuardPolicy, OutcomeKind};
-use crate::event::{check_type, escaped, normalize, parse_envelope, shown, Delivery};
+use crate::event::{check_type, escaped, normalize, parse_envelope, shown, Delivery, Quoted};
 use crate::faults;
 use crate::finished::{FinishedCacheSettings, FinishedOrders};
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
@@ -315,16 +315,16 @@ impl Processor {
         let ms = started.elapsed().as_secs_f64() * 1e3;
         log::log!(
             level,
-            "order {} event {}: {} (guard={}, {:.1} ms){}{} | order_id={:?} event_id={:?} outcome={} guard={} ms={:.1}{}",
-            work.order.order_id,
-            outcome.event_id.as_deref().unwrap_or("?"),
+            "order {} event {}: {} (guard={}, {:.1} ms){}{} | order_id={} event_id={} outcome={} guard={} ms={:.1}{}",
+            escaped(&work.order.order_id),
+            escaped(outcome.event_id.as_deref().unwrap_or("?")),
             outcome.outcome.as_str(),
             outcome.guard,
             ms,
             if outcome.reason.is_some() { ": " } else { "" },
             escaped(outcome.reason.as_deref().unwrap_or("")),
-            work.order.order_id,
-            outcome.event_id.as_deref().unwrap_or(""),
+            Quoted(&work.order.order_id),
+            Quoted(outcome.event_id.as_deref().unwrap_or("")),
             outcome.outcome.as_str(),
             outcome.guard,
             ms,
@@ -361,7 +361,7 @@ impl Processor {
                     {
                         log::warn!(
                             "order {}: done, but the guard was not marked {} by the internal deadline",
-                            w.order.order_id,
+                            escaped(&w.order.order_id),
                             crate::guard::COMPLETED
                         );
                     }
@@ -422,7 +422,7 @@ impl Processor {
                 }
                 log::warn!(
                     "order {}: took over a reservation whose owner passed its deadline (a worker killed or stuck); the store decides what is left to do",
-                    order.order_id
+                    escaped(&order.order_id)
                 );
                 facts.token = Some(t);
                 Reply::Acquired { taken_over: true }
@@ -454,7 +454,7 @@ impl Processor {
                 if self.settings.on_guard_unavailable == GuardPolicy::Proceed {
                     log::warn!(
                         "order {}: guard unavailable ({why}); proceeding on the store's unique index",
-                        order.order_id
+                        escaped(&order.order_id)
                     );
                 }
                 facts.failure = Some(format!("guard unavailable ({why})"));
@@ -593,7 +593,7 @@ impl Processor {
         let Some(store_id) = self.store_identity(w.deadline).await else {
             log::warn!(
                 "order {}: done, but the guard was not marked {}: the store's identity could not be read",
-                order.order_id,
+                escaped(&order.order_id),
                 crate::guard::COMPLETED
             );
             return;
@@ -606,7 +606,7 @@ impl Processor {
             }
             log::warn!(
                 "order {}: done, but the guard was not marked {}: {e}",
-                order.order_id,
+                escaped(&order.order_id),
                 crate::guard::COMPLETED
             );
         }
@@ -667,7 +667,7 @@ impl Processor {
         self.counters.count(kind);
         log::warn!(
             "event {} (order {}): {}: {}",
-            event_id.as_deref().unwrap_or("?"),
+            event_id.as_deref().map_or(Cow::Borrowed("?"), escaped),
             order_id.as_deref().map_or(Cow::Borrowed("?"), escaped),
             kind.as_str(),
             escaped(&reason)
@@ -721,7 +721,7 @@ impl Processor {
             }
             log::warn!(
                 "order {}: reservation not released ({e}); it expires by its TTL",
-                order.order_id
+                escaped(&order.order_id)
             );
         }
     }
@@ -768,7 +768,7 @@ struct ReasonField<'a>(Option<&'a str>);
 impl std::fmt::Display for ReasonField<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0 {
-            Some(reason) => write!(f, " reason={reason:?}"),
+            Some(reason) => write!(f, " reason={}", Quoted(reason)),
             None => Ok(()),
         }
     }
