@@ -165,3 +165,39 @@ fn the_per_event_line_ends_in_a_stable_key_value_tail() {
         "{tail}"
     );
 }
+
+/// Issue 34 point 5: an order id may hold characters that are not control
+/// characters (so it is valid) but that a log viewer acts on: a line or
+/// paragraph separator (many viewers split there) and the bidirectional
+/// controls (which reorder what a reader sees). None of them reaches any
+/// line raw, in the human part or the tail; each is written as its escape.
+#[test]
+fn separators_and_bidi_controls_in_an_order_id_are_escaped_everywhere() {
+    let cases = [
+        ("line separator", '\u{2028}'),
+        ("paragraph separator", '\u{2029}'),
+        ("right-to-left override", '\u{202e}'),
+        ("left-to-right isolate", '\u{2066}'),
+        ("right-to-left mark", '\u{200f}'),
+    ];
+    let deliveries: Vec<Value> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (_, c))| event(&format!("e-{i}"), order(&format!("r{i}-{c}{FORGED}"))))
+        .collect();
+    let out = replay(&json!(deliveries), &[]);
+    assert_eq!(out.matches(": executed").count(), cases.len(), "{out}");
+    for (what, c) in cases {
+        assert!(!out.contains(c), "a raw {what} in the output:\n{out}");
+        let escape = c.escape_unicode().to_string();
+        let lines: Vec<&str> = out.lines().filter(|l| l.contains(&escape)).collect();
+        assert!(
+            lines.iter().any(|l| {
+                let (human, tail) = l.split_once(" | ").unwrap_or((l, ""));
+                human.contains(&format!("{escape}{FORGED}"))
+                    && tail.contains(&format!("{escape}{FORGED}"))
+            }),
+            "no per-event line shows the {what} escaped in both parts: {lines:#?}"
+        );
+    }
+}

@@ -152,3 +152,36 @@ fn proceeding_without_the_guard_is_a_warning() {
     );
     assert_levels_match(&lines);
 }
+
+/// Issue 34 point 5: an order id holding the word the host reads as a
+/// warning ("warn", any case) does not lower an error's severity: the word
+/// is written with an escape (`w\u{61}rn`), in the human part and the tail.
+#[test]
+fn an_order_id_saying_warn_leaves_a_retry_an_error() {
+    let port = common::free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let (lines, ok) = replay(
+        &json!([event("e-warn", order("o-WARNING-1", "1"))]),
+        &[
+            ("REDIS_URL", &url),
+            ("GUARD_UNAVAILABLE", "retry"),
+            ("REDIS_TIMEOUT_MS", "100"),
+        ],
+    );
+    assert!(
+        !ok,
+        "the delivery cannot succeed without its guard: {lines:#?}"
+    );
+    assert_eq!(severity_of(&lines, "outcome=retry"), HostSeverity::Error);
+    let line = &lines
+        .iter()
+        .find(|(_, l)| l.contains("outcome=retry"))
+        .unwrap()
+        .1;
+    assert!(
+        line.contains("order o-W\\u{41}RNING-1 event e-w\\u{61}rn")
+            && line.contains("order_id=\"o-W\\u{41}RNING-1\""),
+        "{line}"
+    );
+    assert_levels_match(&lines);
+}
