@@ -564,6 +564,26 @@ pub async fn prune_guard(config: &Config, dry_run: bool) -> anyhow::Result<Prune
     Ok(summary)
 }
 
+/// Whether an operator command that takes events out of production (the
+/// dead-letter container) may run on the state of `config` (pure): not on
+/// an embedded default by accident, where the orders would execute in a
+/// local file while the blobs are moved away from production for good.
+pub fn refuse_embedded_state(
+    command: &str,
+    defaulted: &[&str],
+    allowed: bool,
+) -> anyhow::Result<()> {
+    if defaulted.is_empty() || allowed {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{command}: {} not set, so this would run on the embedded defaults (an in-memory guard, the SQLite file {}) and the dead letters' orders would execute there, not in production, while their blobs leave the container; set {} as the app has them (README, Operate), or pass --allow-embedded-state to replay into the embedded state on purpose. Nothing was read or moved",
+        defaulted.join(" and "),
+        crate::config::DEFAULT_SQLITE_PATH,
+        if defaulted.len() > 1 { "them" } else { "it" },
+    )
+}
+
 /// The dead-letter container of the configuration, or what to set.
 pub fn dead_letter_container(config: &Config) -> anyhow::Result<crate::deadletter::Container> {
     let settings = config.dead_letter.as_ref().ok_or_else(|| {
@@ -578,7 +598,13 @@ pub fn dead_letter_container(config: &Config) -> anyhow::Result<crate::deadlette
 pub async fn dead_letters_replay(
     config: &Config,
     options: &crate::deadletter::SweepOptions,
+    allow_embedded_state: bool,
 ) -> anyhow::Result<crate::deadletter::SweepSummary> {
+    refuse_embedded_state(
+        "dead-letters replay",
+        &config.defaulted_state,
+        allow_embedded_state,
+    )?;
     let container = dead_letter_container(config)?;
     let telemetry = start_telemetry(config)?;
     let processor = build_processor_with(config, telemetry.as_ref()).await?;
@@ -600,7 +626,15 @@ pub async fn dead_letters_replay(
 pub async fn dead_letters_list(
     config: &Config,
     options: &crate::deadletter::SweepOptions,
+    allow_embedded_state: bool,
 ) -> anyhow::Result<crate::deadletter::ListSummary> {
+    // The outcomes it shows are read from the store: from a local file they
+    // would say every order is still to execute.
+    refuse_embedded_state(
+        "dead-letters list",
+        &config.defaulted_state,
+        allow_embedded_state,
+    )?;
     let container = dead_letter_container(config)?;
     let store = build_store(config).await?;
     store

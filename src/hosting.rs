@@ -397,7 +397,9 @@ mod tests {
             ("CONTAINER_NAME", "ci"),
         ]);
         assert!(ok, "{r}");
-        let unsafe_places: [(&str, &[(&str, &str)], &str); 6] = [
+        // (the place, its environment, what the refusal must say of it)
+        type Place<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+        let unsafe_places: [Place; 6] = [
             (
                 "AKS with KEDA",
                 &[

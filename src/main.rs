@@ -80,6 +80,12 @@ struct DeadLetterArgs {
     /// Start no blob or event after this many seconds.
     #[arg(long)]
     deadline: Option<u64>,
+    /// Run on the embedded defaults (in-memory guard, ./order-guard.db)
+    /// when REDIS_URL or SQL_CONNECTION_STRING is unset; without it such a
+    /// run is refused, since it would move production blobs away while
+    /// their orders execute only in a local file.
+    #[arg(long)]
+    allow_embedded_state: bool,
 }
 
 impl DeadLetterArgs {
@@ -162,21 +168,34 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             action: DeadLetterAction::List(args),
         } => print!(
             "{}",
-            app::dead_letters_list(&config, &args.options()).await?
+            app::dead_letters_list(&config, &args.options(), args.allow_embedded_state).await?
         ),
         Command::DeadLetters {
             action: DeadLetterAction::Replay(args),
         } => {
-            let summary = app::dead_letters_replay(&config, &args.options()).await?;
+            let summary =
+                app::dead_letters_replay(&config, &args.options(), args.allow_embedded_state)
+                    .await?;
             for left in &summary.left {
                 println!("left {left}");
             }
             println!("{summary}");
+            let mut failed = false;
             if summary.unresolved > 0 {
                 eprintln!(
                     "order-guard: {} dead-letter blobs stay for the next replay (reasons above)",
                     summary.unresolved
                 );
+                failed = true;
+            }
+            if summary.unreadable > 0 {
+                eprintln!(
+                    "order-guard: {} dead-letter blobs held no events or were too large: set aside under unreadable/, each stored in RejectedEvents with its reason (order-guard status, or the table)",
+                    summary.unreadable
+                );
+                failed = true;
+            }
+            if failed {
                 return Ok(ExitCode::FAILURE);
             }
         }

@@ -158,13 +158,18 @@ async fn every_schema_and_layout_is_replayed_and_moved_and_a_rerun_changes_nothi
     flat["brokerProperties"] = namespace_properties();
     flat["customDeliveryProperties"] = json!({"custom-header-1": "value1"});
     put(c, &ns_flat, &flat).await;
-    // Not in a documented layout: left alone.
+    // Not in a documented layout: left alone, and said (unresolved).
     put(c, "notes/readme.json", &json!({})).await;
 
     let s = replay(&w).await;
     assert_eq!(
         s.to_string(),
-        "blobs=4 events=5 executed=5 duplicates=0 conflicts=0 rejected=0 retries=0 unresolved=0 moved=4 unreadable=0",
+        "blobs=5 events=5 executed=5 duplicates=0 conflicts=0 rejected=0 retries=0 unresolved=1 moved=4 unreadable=0",
+        "{s:?}"
+    );
+    assert_eq!(s.left.len(), 1, "{s:?}");
+    assert!(
+        s.left[0].starts_with("notes/readme.json: not in a documented dead-letter layout"),
         "{s:?}"
     );
     for id in ["s-1", "s-2", "s-3", "s-4", "s-5"] {
@@ -183,10 +188,15 @@ async fn every_schema_and_layout_is_replayed_and_moved_and_a_rerun_changes_nothi
         vec!["notes/readme.json".to_string()]
     );
 
-    // A rerun finds nothing to do and changes nothing.
+    // A rerun finds nothing to do and changes nothing (the stray blob is
+    // said again).
     let before = w.processor.counters();
     let again = replay(&w).await;
-    assert_eq!(again, SweepSummary::default(), "{again}");
+    assert_eq!(
+        (again.blobs, again.unresolved, again.events, again.moved),
+        (1, 1, 0, 0),
+        "{again}"
+    );
     assert_eq!(w.processor.counters(), before);
     assert_eq!(names(c, Some("replayed")).await, want);
 }
@@ -253,14 +263,15 @@ async fn executed_before_never_executed_conflict_poison_and_unreadable() {
     let poisons = w.store.rejections(Some("m-poison")).await.unwrap();
     assert_eq!(poisons.len(), 1, "{poisons:?}");
     assert_eq!(poisons[0].deliveries, 2);
-    // The unreadable blob: stored once with its reason, kept under unreadable/.
+    // The unreadable blob: stored once with its reason, name and size (not
+    // its body), kept under unreadable/.
     let unreadable: Vec<_> = w
         .store
         .rejections(None)
         .await
         .unwrap()
         .into_iter()
-        .filter(|r| r.raw_event == "{\"not\": json")
+        .filter(|r| r.reason.contains(&garbage))
         .collect();
     assert_eq!(unreadable.len(), 1);
     assert!(
@@ -268,6 +279,10 @@ async fn executed_before_never_executed_conflict_poison_and_unreadable() {
         "{}",
         unreadable[0].reason
     );
+    let record: Value = serde_json::from_str(&unreadable[0].raw_event).unwrap();
+    assert_eq!(record["deadLetterBlob"], json!(garbage));
+    assert_eq!(record["size"], json!(b"{\"not\": json".len()));
+    assert!(!unreadable[0].raw_event.contains("\"not\": json"));
     assert_eq!(
         names(c, Some("unreadable")).await,
         vec![format!("unreadable/{garbage}")]
@@ -424,4 +439,330 @@ async fn the_timer_route_sweeps_and_is_off_without_storage() {
     .await;
     assert_eq!(answer.status, 400);
     handler.shutdown().await;
+}
+
+/// Issue 34 point 2: every blob is read, copied and deleted by the name it
+/// was listed under. Event Grid writes hours unpadded, but a name that
+/// parses with padded numbers (or any other spelling that differs from the
+/// one rebuilt from its parts) must not be taken for gone: it is executed
+/// and moved like any other. One name per documented layout, then padded
+/// and odd ones.
+#[tokio::test]
+async fn a_blob_is_read_and_moved_by_the_name_it_was_listed_under() {
+    let w = world(Duration::from_secs(5)).await;
+    let c = &w.container;
+    let names = [
+        // The two layouts Microsoft documents, as Event Grid writes them.
+        "MY-BLOB-SUBSCRIPTION/2019/8/8/5/111111111-1111-1111-1111-111111111111.json",
+        "mynamespace/mytopic/myeventsubscription/2023/9/23/2/480b2295-0c38-40d0-b25a-f34b30aac1a9.json",
+        // Zero-padded month, day and hour, in each layout.
+        "PADDED/2026/06/04/09/99999999-0000-0000-0000-000000000001.json",
+        "ns/orders/sub/2026/01/02/03/99999999-0000-0000-0000-000000000002.json",
+        // Padded to the parser's limit, a subscription with every character
+        // Event Grid allows in a name, an id with dots, a space and a plus.
+        "ODD-SUB/2026/0006/004/0009/99999999-0000-0000-0000-000000000003.json",
+        "SUB-1-A/2026/12/31/23/a.b.c.json",
+        "SPACED SUB/2026/1/1/0/99999999 0000+0001.json",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        put(
+            c,
+            name,
+            &json!([eg_dead(&eg_event(&format!("n-{i}"), "1"))]),
+        )
+        .await;
+    }
+    let s = replay(&w).await;
+    assert_eq!(
+        (s.blobs, s.executed, s.moved, s.unresolved, s.unreadable),
+        (
+            names.len() as u64,
+            names.len() as u64,
+            names.len() as u64,
+            0,
+            0
+        ),
+        "{s:?}"
+    );
+    let mut want: Vec<String> = names.iter().map(|n| format!("replayed/{n}")).collect();
+    want.sort();
+    assert_eq!(self::names(c, Some("replayed")).await, want);
+    for name in names {
+        let top = name.split('/').next().unwrap();
+        assert_eq!(
+            self::names(c, Some(top)).await,
+            Vec::<String>::new(),
+            "{name}"
+        );
+    }
+    for i in 0..names.len() {
+        let row = w
+            .store
+            .order(&format!("n-{i}"))
+            .await
+            .unwrap()
+            .expect("executed");
+        assert_eq!(row.status.as_str(), "Executed");
+    }
+}
+
+/// Issue 34 point 3: a blob over the bound is set aside by its listed size
+/// without being read: a `RejectedEvents` row with its name, size and
+/// reason (not its body), the blob under `unreadable/`, and the sweep goes
+/// on with the next blob.
+#[tokio::test]
+async fn a_blob_over_the_bound_is_set_aside_unread_and_the_next_is_replayed() {
+    let azurite = Azurite::start();
+    azurite.create_container("bounded").await;
+    let mut settings = azurite.settings("bounded");
+    settings.max_blob_bytes = 64 * 1024;
+    let c = Container::open(&settings).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        Arc::new(SqliteStore::open(&dir.path().join("o.db"), Duration::from_secs(5)).unwrap());
+    store.migrate().await.unwrap();
+    let processor = processor_on(Arc::clone(&store) as Arc<dyn OrderStore>);
+    // Oldest first: the large blob is met before the order.
+    let large = "BIG/2025/6/14/8/eeeeeeee-0000-0000-0000-000000000001.json";
+    let next = "BIG/2025/6/14/9/eeeeeeee-0000-0000-0000-000000000002.json";
+    // A real array of dead-lettered events, only too many of them.
+    let many: Vec<Value> = (0..400)
+        .map(|i| eg_dead(&eg_event(&format!("big-{i}"), "1")))
+        .collect();
+    let body = Bytes::from(json!(many).to_string());
+    let size = body.len() as u64;
+    assert!(size > 64 * 1024, "{size}");
+    assert!(c.put_new(large, body).await.unwrap());
+    put(&c, next, &json!([eg_dead(&eg_event("after-big", "1"))])).await;
+
+    let s = sweep(
+        &processor,
+        &c,
+        &SweepOptions::default(),
+        &order_guard::deadletter::sweep::Silent,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (s.blobs, s.unreadable, s.executed, s.moved, s.unresolved),
+        (2, 1, 1, 1, 0),
+        "{s:?}"
+    );
+    assert!(
+        store.order("big-0").await.unwrap().is_none(),
+        "nothing of it was executed"
+    );
+    assert_eq!(
+        store
+            .order("after-big")
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+            .as_str(),
+        "Executed"
+    );
+    let rows: Vec<_> = store
+        .rejections(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.reason.contains(large))
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(
+        rows[0]
+            .reason
+            .contains(&format!("is {size} bytes, over the 65536")),
+        "{}",
+        rows[0].reason
+    );
+    assert!(rows[0].raw_event.len() < 512, "{}", rows[0].raw_event);
+    let record: Value = serde_json::from_str(&rows[0].raw_event).unwrap();
+    assert_eq!(record["size"], json!(size));
+    assert_eq!(record["movedTo"], json!(format!("unreadable/{large}")));
+    assert_eq!(
+        names(&c, Some("unreadable")).await,
+        vec![format!("unreadable/{large}")]
+    );
+    assert_eq!(names(&c, Some("BIG")).await, Vec::<String>::new());
+    // The copy is the whole blob, untouched.
+    match c.read(&format!("unreadable/{large}")).await.unwrap() {
+        order_guard::deadletter::blobs::Read::TooLarge { size: copied } => assert_eq!(copied, size),
+        other => panic!("the copy under unreadable/ is {other:?}"),
+    }
+}
+
+/// The CLI's dead-letter commands on a container of this test's own.
+struct Cli {
+    azurite: Azurite,
+    dir: tempfile::TempDir,
+}
+
+impl Cli {
+    async fn new(memory_mb: u32) -> Cli {
+        let azurite = Azurite::start_with_memory_mb(memory_mb);
+        azurite.create_container("deadletters").await;
+        Cli {
+            azurite,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn container(&self) -> Container {
+        Container::open(&self.azurite.settings("deadletters")).unwrap()
+    }
+
+    /// `order-guard <args>` in this test's folder with only
+    /// `DEAD_LETTER_STORAGE` and `vars` set; its exit status, its output,
+    /// and its peak resident memory in KiB (from `wait4`).
+    fn run(&self, args: &[&str], vars: &[(&str, &str)]) -> (std::process::ExitStatus, String, u64) {
+        let out_path = self.dir.path().join("out.txt");
+        let out = std::fs::File::create(&out_path).unwrap();
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_order-guard"));
+        // A plain fork, not posix_spawn's vfork: with vfork the child runs
+        // on this process's memory until it execs, and `ru_maxrss` keeps
+        // this process's own high-water mark. After a fork it starts from
+        // this process's current resident set (an upper bound, said below).
+        // SAFETY: the closure does nothing, so nothing unsafe runs between
+        // fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| Ok(()));
+        }
+        let child = command
+            .args(args)
+            .current_dir(self.dir.path())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .env("DEAD_LETTER_STORAGE", self.azurite.connection_string())
+            .envs(vars.iter().copied())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        let (status, peak_kib) = wait_with_peak_memory(child);
+        (
+            status,
+            std::fs::read_to_string(&out_path).unwrap(),
+            peak_kib,
+        )
+    }
+}
+
+/// Wait for `child` with `wait4`, which also gives its peak resident set
+/// (`ru_maxrss`, KiB on Linux): this process's other children do not count.
+fn wait_with_peak_memory(child: std::process::Child) -> (std::process::ExitStatus, u64) {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = child.id() as libc::pid_t;
+    let mut status: libc::c_int = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to fill; the pid is
+    // our own child, waited for once (the Child is forgotten, not waited).
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid, "wait4: {}", std::io::Error::last_os_error());
+    std::mem::forget(child);
+    (
+        std::process::ExitStatus::from_raw(status),
+        usage.ru_maxrss as u64,
+    )
+}
+
+/// Issue 34 point 1: with only `DEAD_LETTER_STORAGE` set (an operator who
+/// forgot the app's other settings), `dead-letters replay` and `list`
+/// refuse to run on the embedded defaults: they say which settings are
+/// missing and the flag for a deliberate local replay, leave every blob
+/// where it was, and create no local database.
+#[tokio::test]
+async fn dead_letter_commands_refuse_the_embedded_defaults() {
+    let cli = Cli::new(256).await;
+    let c = cli.container();
+    let name = format!("PROD/{HOUR}/ffffffff-0000-0000-0000-000000000001.json");
+    put(&c, &name, &json!([eg_dead(&eg_event("prod-1", "1"))])).await;
+    for command in ["replay", "list"] {
+        let (status, out, _) = cli.run(&["dead-letters", command], &[]);
+        assert!(!status.success(), "{command}: {out}");
+        assert!(
+            out.contains(&format!(
+                "dead-letters {command}: REDIS_URL and SQL_CONNECTION_STRING not set"
+            )) && out.contains("--allow-embedded-state")
+                && out.contains("Nothing was read or moved"),
+            "{command}: {out}"
+        );
+        assert_eq!(names(&c, None).await, vec![name.clone()], "{command}");
+        assert!(!cli.dir.path().join("order-guard.db").exists(), "{command}");
+        // One setting given, the other still missing: named alone.
+        let (status, out, _) = cli.run(
+            &["dead-letters", command],
+            &[("SQL_CONNECTION_STRING", "sqlite:./chosen.db")],
+        );
+        assert!(!status.success(), "{command}: {out}");
+        assert!(
+            out.contains(&format!("dead-letters {command}: REDIS_URL not set")),
+            "{command}: {out}"
+        );
+    }
+    // On purpose: the flag replays into the embedded state.
+    let (status, out, _) = cli.run(&["dead-letters", "replay", "--allow-embedded-state"], &[]);
+    assert!(status.success(), "{out}");
+    assert!(
+        out.contains("executed=1") && out.contains("moved=1"),
+        "{out}"
+    );
+    assert!(cli.dir.path().join("order-guard.db").exists());
+}
+
+/// Issue 34 points 2 and 3, black-box: a 300 MiB blob under a dead-letter
+/// name is set aside without being read (the process's peak memory stays
+/// far below it), the padded name after it is replayed, and the command
+/// exits non-zero saying what it set aside.
+#[tokio::test]
+async fn a_huge_blob_does_not_take_the_process_memory_and_the_next_is_replayed() {
+    const HUGE: usize = 300 * 1024 * 1024;
+    let cli = Cli::new(1024).await;
+    let c = cli.container();
+    let huge = "HUGE/2025/6/14/8/abababab-0000-0000-0000-000000000001.json";
+    let padded = "HUGE/2025/06/14/09/abababab-0000-0000-0000-000000000002.json";
+    assert!(c
+        .put_new(huge, Bytes::from(vec![b'['; HUGE]))
+        .await
+        .unwrap());
+    put(&c, padded, &json!([eg_dead(&eg_event("after-huge", "1"))])).await;
+    // The test process's own resident set, which the child's figure may
+    // include (a fork maps it until the exec): the 300 MiB are gone by now.
+    let ours_kib = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap();
+    println!(
+        "this test process's resident set before the run: {} MiB",
+        ours_kib / 1024
+    );
+    let (status, out, peak_kib) = cli.run(
+        &["dead-letters", "replay", "--allow-embedded-state"],
+        &[("SQL_CONNECTION_STRING", "sqlite:./orders.db")],
+    );
+    println!(
+        "peak resident memory of `dead-letters replay` with a 300 MiB blob: {} MiB",
+        peak_kib / 1024
+    );
+    assert!(
+        !status.success(),
+        "a blob set aside makes the run fail: {out}"
+    );
+    assert!(
+        out.contains("blobs=2 events=1 executed=1 duplicates=0 conflicts=0 rejected=0 retries=0 unresolved=0 moved=1 unreadable=1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("1 dead-letter blobs held no events or were too large"),
+        "{out}"
+    );
+    assert!(peak_kib < 128 * 1024, "peak {peak_kib} KiB: {out}");
+    let mut want = vec![format!("replayed/{padded}"), format!("unreadable/{huge}")];
+    want.sort();
+    assert_eq!(names(&c, None).await, want);
 }

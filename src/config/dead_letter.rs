@@ -13,6 +13,7 @@ pub const DEFAULT_DEAD_LETTER_CONTAINER: &str = "deadletters";
 pub(super) fn dead_letter(
     storage: Option<String>,
     container: Option<String>,
+    max_blob_bytes: u64,
 ) -> Result<Option<DeadLetterSettings>, ConfigError> {
     if let Some(c) = &container {
         check_container(c).map_err(|p| err("DEAD_LETTER_CONTAINER", p))?;
@@ -40,6 +41,7 @@ pub(super) fn dead_letter(
     Ok(Some(DeadLetterSettings {
         storage: target,
         container,
+        max_blob_bytes,
     }))
 }
 
@@ -47,6 +49,7 @@ pub(super) fn dead_letter(
 mod tests {
     use super::*;
     use crate::config::tests::config;
+    use crate::deadletter::storage::DEFAULT_MAX_BLOB_BYTES;
 
     #[test]
     fn the_dead_letter_settings() {
@@ -55,6 +58,36 @@ mod tests {
         let d = c.dead_letter.unwrap();
         assert_eq!(d.container, DEFAULT_DEAD_LETTER_CONTAINER);
         assert_eq!(d.storage.account, "devstoreaccount1");
+        assert_eq!(d.max_blob_bytes, DEFAULT_MAX_BLOB_BYTES);
+        let c = config(&[
+            ("DEAD_LETTER_STORAGE", "UseDevelopmentStorage=true"),
+            ("DEAD_LETTER_MAX_BLOB_BYTES", "65536"),
+        ])
+        .unwrap();
+        assert_eq!(c.dead_letter.unwrap().max_blob_bytes, 65_536);
+        for bad in ["1000", "0", "many"] {
+            let e = config(&[
+                ("DEAD_LETTER_STORAGE", "UseDevelopmentStorage=true"),
+                ("DEAD_LETTER_MAX_BLOB_BYTES", bad),
+            ])
+            .unwrap_err();
+            assert_eq!(e.var, "DEAD_LETTER_MAX_BLOB_BYTES", "{bad}");
+        }
+        assert_eq!(d.max_blob_bytes, DEFAULT_MAX_BLOB_BYTES);
+        let c = config(&[
+            ("DEAD_LETTER_STORAGE", "UseDevelopmentStorage=true"),
+            ("DEAD_LETTER_MAX_BLOB_BYTES", "65536"),
+        ])
+        .unwrap();
+        assert_eq!(c.dead_letter.unwrap().max_blob_bytes, 65_536);
+        for bad in ["1000", "0", "many"] {
+            let e = config(&[
+                ("DEAD_LETTER_STORAGE", "UseDevelopmentStorage=true"),
+                ("DEAD_LETTER_MAX_BLOB_BYTES", bad),
+            ])
+            .unwrap_err();
+            assert_eq!(e.var, "DEAD_LETTER_MAX_BLOB_BYTES", "{bad}");
+        }
         let c = config(&[
             (
                 "DEAD_LETTER_STORAGE",

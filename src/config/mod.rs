@@ -61,6 +61,10 @@ pub struct Config {
     pub dead_letter: Option<DeadLetterSettings>,
     /// Metrics and traces (`OTEL_*`; nothing exported by default).
     pub telemetry: TelemetrySettings,
+    /// The state settings left unset (`REDIS_URL`, `SQL_CONNECTION_STRING`),
+    /// so on their embedded default: operator commands that act on
+    /// production data refuse to run that way by accident.
+    pub defaulted_state: Vec<&'static str>,
 }
 
 impl Config {
@@ -203,8 +207,16 @@ impl Config {
             ));
         }
         let store = state::store(&val, &hosting::runs(&get))?;
-        let dead_letter =
-            dead_letter::dead_letter(val("DEAD_LETTER_STORAGE"), val("DEAD_LETTER_CONTAINER"))?;
+        let dead_letter = dead_letter::dead_letter(
+            val("DEAD_LETTER_STORAGE"),
+            val("DEAD_LETTER_CONTAINER"),
+            num(
+                "DEAD_LETTER_MAX_BLOB_BYTES",
+                crate::deadletter::storage::DEFAULT_MAX_BLOB_BYTES,
+                64 * 1024,
+                256 * 1024 * 1024,
+            )?,
+        )?;
         let telemetry = telemetry::telemetry(&val)?;
         Ok(Config {
             port,
@@ -264,6 +276,10 @@ impl Config {
             shutdown_grace: Duration::from_secs(num("SHUTDOWN_GRACE_SECONDS", 25, 0, 300)?),
             dead_letter,
             telemetry,
+            defaulted_state: ["REDIS_URL", "SQL_CONNECTION_STRING"]
+                .into_iter()
+                .filter(|var| val(var).is_none())
+                .collect(),
         })
     }
 }

@@ -13,8 +13,8 @@ use futures::TryStreamExt;
 use object_store::azure::{AzureCredential, AzureCredentialProvider, MicrosoftAzureBuilder};
 use object_store::path::Path;
 use object_store::{
-    ClientOptions, CredentialProvider, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
-    PutPayload, RetryConfig,
+    ClientOptions, CopyMode, CopyOptions, CredentialProvider, ObjectStore, ObjectStoreExt, PutMode,
+    PutOptions, PutPayload, RetryConfig,
 };
 use tokio::sync::Mutex;
 
@@ -37,6 +37,18 @@ pub struct Listed {
     pub size: u64,
 }
 
+/// What a bounded read found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read {
+    /// The whole blob, within the bound.
+    Bytes(Bytes),
+    /// No blob of that name (another sweep moved it).
+    Gone,
+    /// Larger than the bound (`size`: its size, or at least that much when
+    /// it grew while being read); nothing more of it was read.
+    TooLarge { size: u64 },
+}
+
 /// What a move found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Moved {
@@ -53,6 +65,8 @@ pub struct Container {
     store: Arc<dyn ObjectStore>,
     /// `<account>/<container>`, for messages.
     described: String,
+    /// The largest blob [`Container::read`] reads.
+    max_blob_bytes: u64,
 }
 
 impl Container {
@@ -97,7 +111,13 @@ impl Container {
                 settings.container,
                 target.credential.kind()
             ),
+            max_blob_bytes: settings.max_blob_bytes,
         })
+    }
+
+    /// The largest blob [`Container::read`] reads.
+    pub fn max_blob_bytes(&self) -> u64 {
+        self.max_blob_bytes
     }
 
     /// `<account>/<container> (<credential kind>)`, for logs.
@@ -152,17 +172,42 @@ impl Container {
             .collect())
     }
 
-    /// A blob's bytes; `None` when it is gone (another sweep moved it).
-    pub async fn read(&self, name: &str) -> Result<Option<Bytes>, BlobError> {
+    /// A blob's bytes, read only while they fit the bound: its stated size
+    /// is checked before any byte is read, and the stream is stopped at
+    /// the bound in case the blob grew meanwhile.
+    pub async fn read(&self, name: &str) -> Result<Read, BlobError> {
         let path = Path::from(name);
-        match self.store.get(&path).await {
-            Ok(r) => r
-                .bytes()
-                .await
-                .map(Some)
-                .map_err(|e| self.error(&format!("cannot read {name}"), e)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(self.error(&format!("cannot read {name}"), e)),
+        let cannot = |e| self.error(&format!("cannot read {name}"), e);
+        let got = match self.store.get(&path).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(Read::Gone),
+            Err(e) => return Err(cannot(e)),
+        };
+        let max = self.max_blob_bytes;
+        if got.meta.size > max {
+            return Ok(Read::TooLarge {
+                size: got.meta.size,
+            });
+        }
+        let mut body = bytes::BytesMut::with_capacity(got.meta.size as usize);
+        let mut stream = got.into_stream();
+        while let Some(chunk) = stream.try_next().await.map_err(cannot)? {
+            if body.len() as u64 + chunk.len() as u64 > max {
+                return Ok(Read::TooLarge {
+                    size: body.len() as u64 + chunk.len() as u64,
+                });
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(Read::Bytes(body.freeze()))
+    }
+
+    /// Whether a blob of that name exists.
+    pub async fn exists(&self, name: &str) -> Result<bool, BlobError> {
+        match self.store.head(&Path::from(name)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.error(&format!("cannot look up {name}"), e)),
         }
     }
 
@@ -195,18 +240,60 @@ impl Container {
     ) -> Result<Moved, BlobError> {
         let to = format!("{folder}{name}");
         let wrote = self.put_new(&to, bytes).await?;
-        // NotFound: a sweep that found the copy already there deleted it.
-        match self.store.delete(&Path::from(name)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => {
-                return Err(self.error(
-                    &format!("copied {name} to {to} but cannot delete the original (the next sweep finishes the move)"),
-                    e,
-                ))
-            }
-        };
+        self.delete_moved(name, &to).await?;
         // The conditional write succeeds for one sweep only: that one moved it.
         Ok(if wrote { Moved::Now } else { Moved::Already })
+    }
+
+    /// Move `name` (of `size` bytes, as listed) under `folder` without
+    /// reading it: a copy made by Blob Storage itself (`Copy Blob`, only if
+    /// the name under `folder` is free), checked to hold `size` bytes, then
+    /// the original deleted. For a blob the sweep will not read whole.
+    pub async fn move_unread(
+        &self,
+        folder: &str,
+        name: &str,
+        size: u64,
+    ) -> Result<Moved, BlobError> {
+        let to = format!("{folder}{name}");
+        let options = CopyOptions::new().with_mode(CopyMode::Create);
+        let copied = match self
+            .store
+            .copy_opts(&Path::from(name), &Path::from(to.as_str()), options)
+            .await
+        {
+            Ok(()) => true,
+            Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => false,
+            Err(e) => return Err(self.error(&format!("cannot copy {name} to {to}"), e)),
+        };
+        // A copy Blob Storage has not finished (it may finish later) or of
+        // another blob must not let the original go.
+        let copy = self
+            .store
+            .head(&Path::from(to.as_str()))
+            .await
+            .map_err(|e| self.error(&format!("cannot look up the copy {to}"), e))?;
+        if copy.size != size {
+            return Err(BlobError(format!(
+                "the copy {to} in {} holds {} bytes, not the {size} listed of {name}: the original stays (the next sweep tries again)",
+                self.described, copy.size
+            )));
+        }
+        self.delete_moved(name, &to).await?;
+        Ok(if copied { Moved::Now } else { Moved::Already })
+    }
+
+    /// Delete the original of a move whose copy `to` exists.
+    async fn delete_moved(&self, name: &str, to: &str) -> Result<(), BlobError> {
+        // NotFound: a sweep that found the copy already there deleted it.
+        match self.store.delete(&Path::from(name)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error(
+                &format!("copied {name} to {to} but cannot delete the original (the next sweep finishes the move)"),
+                e,
+            )),
+        }
     }
 }
 

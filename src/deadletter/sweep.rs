@@ -1,11 +1,18 @@
 //! The replay of a dead-letter container (`dead-letters replay`, the
 //! `DeadLetterSweep` timer) and its dry run (`dead-letters list`).
 //!
-//! Per blob, oldest hour first:
-//! - read it (gone: another sweep moved it; skipped);
-//! - not events ([`Unreadable`]): its text is stored in `RejectedEvents` as
-//!   poison with the reason (`OrderStore::reject`: keyed by kind + text, so
-//!   once however often this runs), then it is moved under `unreadable/`;
+//! Per blob, oldest hour first, always by the name it was listed under
+//! (never one rebuilt from its parts: `2026/06/04` is not `2026/6/4`):
+//! - a name in no documented layout: left where it is, counted `unresolved`
+//!   with a warning (a dead-letter container holds dead letters only);
+//! - larger than the bound (`DEAD_LETTER_MAX_BLOB_BYTES`, by its listed
+//!   size, before any byte is read) or not events ([`Unreadable`]): set
+//!   aside, that is stored in `RejectedEvents` as poison with its name,
+//!   size and reason (not its body, which stays in the blob:
+//!   `OrderStore::reject` is keyed by kind + text, so once however often
+//!   this runs), then moved under `unreadable/`; counted `unreadable`;
+//! - gone by the time it is read: fine when a copy is under `replayed/` or
+//!   `unreadable/` (another sweep moved it), else counted `unresolved`;
 //! - events: each through [`Processor::process_event`] (the same outcomes,
 //!   counters and log lines as a delivery) plus one line with the
 //!   dead-letter reason and attempt count; when every event got a final
@@ -15,6 +22,8 @@
 //! Safe from several processes at once: the processor executes each order
 //! once, and a move is a conditional write plus a delete
 //! ([`Container::move_under`]), done once whoever gets there first.
+//!
+//! [`Unreadable`]: super::envelope::Unreadable
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -24,7 +33,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::blobs::{BlobError, Container, Moved};
+use super::blobs::{BlobError, Container, Listed, Moved, Read};
 use super::envelope::{parse_blob, Metadata};
 use super::name::{self, BlobName, REPLAYED, UNREADABLE};
 use crate::event::{check_type, escaped, parse_envelope};
@@ -71,13 +80,15 @@ pub struct SweepSummary {
     pub rejected: u64,
     /// Events answered `retry` or `in_progress`: their blobs stay.
     pub retries: u64,
-    /// Blobs left where they are (an event to retry, a store or storage failure).
+    /// Blobs left where they are (an event to retry, a store or storage
+    /// failure, a name in no documented layout, a blob listed but neither
+    /// found nor moved).
     pub unresolved: u64,
     /// Blobs this sweep moved under `replayed/` (one another sweep moved
     /// first is not counted: each blob is moved once).
     pub moved: u64,
-    /// Blobs that held no events: stored as poison, moved by this sweep
-    /// under `unreadable/`.
+    /// Blobs that held no events or were over the size bound: stored as
+    /// poison (name, size, reason), moved by this sweep under `unreadable/`.
     pub unreadable: u64,
     /// Blobs not looked at because of `--max-blobs` or the deadline.
     pub not_reached: u64,
@@ -108,12 +119,21 @@ impl fmt::Display for SweepSummary {
     }
 }
 
-/// The dead-letter blobs to look at, oldest hour first; names in neither
-/// documented layout (and those already moved) are left out, with a warning.
+/// A listed blob the sweep looks at: the name and size as listed, and the
+/// name read in a documented layout (`None`: in none).
+#[derive(Debug, Clone)]
+struct Candidate {
+    listed: Listed,
+    parsed: Option<BlobName>,
+}
+
+/// The dead-letter blobs to look at: those in a documented layout, oldest
+/// hour first, then those in none (which the sweep reports and leaves);
+/// the ones already moved are left out.
 async fn candidates(
     container: &Container,
     prefix: Option<&str>,
-) -> Result<Vec<BlobName>, BlobError> {
+) -> Result<Vec<Candidate>, BlobError> {
     let mut listed = Vec::new();
     match prefix
         .map(|p| p.trim_matches('/'))
@@ -130,21 +150,22 @@ async fn candidates(
             }
         }
     }
-    let mut names: Vec<BlobName> = Vec::new();
-    for blob in listed {
-        if name::is_archived(&blob.name) {
-            continue;
-        }
-        match name::parse(&blob.name) {
-            Some(n) => names.push(n),
-            None => log::warn!(
-                "dead letters: {} is not in a documented dead-letter layout (<SUBSCRIPTION>/<yyyy>/<M>/<d>/<H>/<guid>.json or <namespace>/<topic>/<subscription>/…); left alone",
-                escaped(&blob.name)
-            ),
-        }
-    }
-    names.sort_by_key(|n| (n.hour, n.to_string()));
-    Ok(names)
+    let mut found: Vec<Candidate> = listed
+        .into_iter()
+        .filter(|blob| !name::is_archived(&blob.name))
+        .map(|listed| Candidate {
+            parsed: name::parse(&listed.name),
+            listed,
+        })
+        .collect();
+    // Unparsed last; then by hour, then by the listed name.
+    found.sort_by(|a, b| {
+        let key = |c: &Candidate| (c.parsed.is_none(), c.parsed.as_ref().map(|n| n.hour));
+        key(a)
+            .cmp(&key(b))
+            .then_with(|| a.listed.name.cmp(&b.listed.name))
+    });
+    Ok(found)
 }
 
 /// Replay what the container holds (see the module documentation). Fails
@@ -167,9 +188,8 @@ pub async fn sweep(
             s.not_reached = (names.len() - i) as u64;
             break;
         }
-        let name = blob.to_string();
-        let (events, note) = sweep_blob(processor, container, &name, &mut s, &past_deadline).await;
-        progress.blob_done(&name, events, &note);
+        let (events, note) = sweep_blob(processor, container, blob, &mut s, &past_deadline).await;
+        progress.blob_done(&blob.listed.name, events, &note);
     }
     progress.finish();
     Ok(s)
@@ -179,10 +199,11 @@ pub async fn sweep(
 async fn sweep_blob(
     processor: &Processor,
     container: &Container,
-    name: &str,
+    blob: &Candidate,
     s: &mut SweepSummary,
     past_deadline: &(dyn Fn() -> bool + Sync),
 ) -> (u64, String) {
+    let name = blob.listed.name.as_str();
     let shown = escaped(name).into_owned();
     let leave = |s: &mut SweepSummary, why: String| {
         log::warn!("dead letter {shown}: left in place: {why}");
@@ -190,58 +211,68 @@ async fn sweep_blob(
         s.left.push(format!("{shown}: {why}"));
         format!("left: {why}")
     };
-    let bytes = match container.read(name).await {
-        Ok(Some(b)) => b,
-        Ok(None) => return (0, "gone (moved by another sweep)".into()),
-        Err(e) => {
-            s.blobs += 1;
-            return (0, leave(s, e.to_string()));
-        }
-    };
     s.blobs += 1;
+    if blob.parsed.is_none() {
+        return (
+            0,
+            leave(
+                s,
+                "not in a documented dead-letter layout (<SUBSCRIPTION>/<yyyy>/<M>/<d>/<H>/<guid>.json or <namespace>/<topic>/<subscription>/…); move it out of the dead-letter container, or replay its events with `order-guard replay FILE`".into(),
+            ),
+        );
+    }
+    let max = container.max_blob_bytes();
+    let read = if blob.listed.size > max {
+        Ok(Read::TooLarge {
+            size: blob.listed.size,
+        })
+    } else {
+        container.read(name).await
+    };
+    let bytes = match read {
+        Ok(Read::Bytes(b)) => b,
+        Ok(Read::Gone) => {
+            // Gone since it was listed: another sweep moved it, and its copy
+            // is under one of the two folders; anything else is a blob this
+            // sweep cannot account for.
+            return match moved_by_another(container, name).await {
+                Ok(true) => {
+                    s.blobs -= 1;
+                    (0, "gone (moved by another sweep)".into())
+                }
+                Ok(false) => (
+                    0,
+                    leave(
+                        s,
+                        format!(
+                            "listed but not found, and no copy under {REPLAYED} or {UNREADABLE}"
+                        ),
+                    ),
+                ),
+                Err(e) => (0, leave(s, e.to_string())),
+            };
+        }
+        Ok(Read::TooLarge { size }) => {
+            let why = format!(
+                "is {size} bytes, over the {max} a dead letter can hold (DEAD_LETTER_MAX_BLOB_BYTES); not read"
+            );
+            return (
+                0,
+                set_aside(processor, container, name, size, why, s, &leave).await,
+            );
+        }
+        Err(e) => return (0, leave(s, e.to_string())),
+    };
     let events = match parse_blob(&bytes) {
         Ok(events) => events,
         Err(unreadable) => {
-            let reason = format!(
-                "dead-letter blob {name} holds no events: {unreadable}; the blob is kept as {UNREADABLE}{name}"
+            let why = format!("holds no events: {unreadable}");
+            let size = bytes.len() as u64;
+            drop(bytes);
+            return (
+                0,
+                set_aside(processor, container, name, size, why, s, &leave).await,
             );
-            let rejection = Rejection {
-                kind: RejectionKind::Poison,
-                order_id: None,
-                event_id: None,
-                reason: reason.clone(),
-                fingerprint: None,
-                existing_fingerprint: None,
-                raw_event: String::from_utf8_lossy(&bytes).into_owned(),
-            };
-            let stored =
-                tokio::time::timeout(REJECT_TIMEOUT, processor.store().reject(&rejection)).await;
-            match stored {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return (0, leave(s, format!("unreadable, and not stored: {e}"))),
-                Err(_) => {
-                    return (
-                        0,
-                        leave(
-                            s,
-                            format!(
-                                "unreadable, and the store did not answer within {} s",
-                                REJECT_TIMEOUT.as_secs()
-                            ),
-                        ),
-                    )
-                }
-            }
-            log::warn!("dead letter {shown}: {}", escaped(&reason));
-            return match container.move_under(UNREADABLE, name, bytes).await {
-                Ok(moved) => {
-                    if moved == Moved::Now {
-                        s.unreadable += 1;
-                    }
-                    (0, format!("unreadable: moved under {UNREADABLE}"))
-                }
-                Err(e) => (0, leave(s, e.to_string())),
-            };
         }
     };
     let count = events.len() as u64;
@@ -284,6 +315,72 @@ async fn sweep_blob(
     }
 }
 
+/// Whether a blob gone from its place was moved by a sweep: its copy is
+/// under `replayed/` or `unreadable/` (a move writes the copy first).
+async fn moved_by_another(container: &Container, name: &str) -> Result<bool, BlobError> {
+    Ok(container.exists(&format!("{REPLAYED}{name}")).await?
+        || container.exists(&format!("{UNREADABLE}{name}")).await?)
+}
+
+/// A blob the sweep will not replay (`why`): stored as poison with its
+/// name, size and reason (its body stays in the blob), then moved under
+/// `unreadable/` unread; left in place, `unresolved`, when either fails.
+async fn set_aside(
+    processor: &Processor,
+    container: &Container,
+    name: &str,
+    size: u64,
+    why: String,
+    s: &mut SweepSummary,
+    leave: &(dyn Fn(&mut SweepSummary, String) -> String + Sync),
+) -> String {
+    let reason = format!("dead-letter blob {name} {why}; the blob is kept as {UNREADABLE}{name}");
+    let rejection = Rejection {
+        kind: RejectionKind::Poison,
+        order_id: None,
+        event_id: None,
+        reason: reason.clone(),
+        fingerprint: None,
+        existing_fingerprint: None,
+        raw_event: set_aside_record(container.describe(), name, size),
+    };
+    match tokio::time::timeout(REJECT_TIMEOUT, processor.store().reject(&rejection)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return leave(s, format!("{why}, and not stored: {e}")),
+        Err(_) => {
+            return leave(
+                s,
+                format!(
+                    "{why}, and the store did not answer within {} s",
+                    REJECT_TIMEOUT.as_secs()
+                ),
+            )
+        }
+    }
+    log::warn!("dead letter {}", escaped(&reason));
+    match container.move_unread(UNREADABLE, name, size).await {
+        Ok(moved) => {
+            if moved == Moved::Now {
+                s.unreadable += 1;
+            }
+            format!("set aside ({why}): moved under {UNREADABLE}")
+        }
+        Err(e) => leave(s, format!("{why}; stored, but not moved: {e}")),
+    }
+}
+
+/// What `RejectedEvents` keeps of a blob set aside (pure): where it was and
+/// how large, as JSON; never its body.
+pub fn set_aside_record(container: &str, name: &str, size: u64) -> String {
+    serde_json::json!({
+        "deadLetterBlob": name,
+        "movedTo": format!("{UNREADABLE}{name}"),
+        "container": container,
+        "size": size,
+    })
+    .to_string()
+}
+
 /// The extra line of a replayed event: which blob, and why Event Grid gave up.
 fn log_event(blob: &str, outcome: &crate::processor::Outcome, m: &Metadata) {
     let level = if outcome.outcome.needs_redelivery() {
@@ -322,7 +419,11 @@ fn log_event(blob: &str, outcome: &crate::processor::Outcome, m: &Metadata) {
 pub struct ListSummary {
     pub blobs: u64,
     pub events: u64,
+    /// Blobs a replay would set aside: no events in them, or over the size
+    /// bound.
     pub unreadable: u64,
+    /// Blobs named in no documented layout, which a replay leaves in place.
+    pub not_dead_letters: Vec<String>,
     pub by_reason: BTreeMap<String, u64>,
     /// The outcome each event would get, judged from the store's rows
     /// (read only): `executed`, `duplicate`, `conflict`, `rejected`, or
@@ -339,9 +440,19 @@ impl fmt::Display for ListSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "blobs={} events={} unreadable={}",
-            self.blobs, self.events, self.unreadable
+            "blobs={} events={} unreadable={} not_dead_letters={}",
+            self.blobs,
+            self.events,
+            self.unreadable,
+            self.not_dead_letters.len()
         )?;
+        for name in &self.not_dead_letters {
+            writeln!(
+                f,
+                "  not in a dead-letter layout (a replay leaves it): {}",
+                escaped(name)
+            )?;
+        }
         writeln!(f, "by reason:")?;
         for (reason, n) in &self.by_reason {
             writeln!(f, "  {n:>8}  {}", escaped(reason))?;
@@ -397,15 +508,33 @@ pub async fn list(
     let started = Instant::now();
     let names = candidates(container, options.prefix.as_deref()).await?;
     let mut s = ListSummary::default();
-    for (i, blob) in names.iter().enumerate() {
+    for (i, candidate) in names.iter().enumerate() {
         if options.max_blobs.is_some_and(|m| i >= m)
             || options.deadline.is_some_and(|d| started.elapsed() >= d)
         {
             break;
         }
-        let name = blob.to_string();
-        let Some(bytes) = container.read(&name).await? else {
+        let name = candidate.listed.name.clone();
+        let Some(blob) = &candidate.parsed else {
+            s.blobs += 1;
+            s.not_dead_letters.push(name);
             continue;
+        };
+        let read = if candidate.listed.size > container.max_blob_bytes() {
+            Read::TooLarge {
+                size: candidate.listed.size,
+            }
+        } else {
+            container.read(&name).await?
+        };
+        let bytes = match read {
+            Read::Bytes(b) => b,
+            Read::Gone => continue,
+            Read::TooLarge { .. } => {
+                s.blobs += 1;
+                s.unreadable += 1;
+                continue;
+            }
         };
         s.blobs += 1;
         let events = match parse_blob(&bytes) {

@@ -191,6 +191,12 @@ pub(crate) async fn sweep(binary: &Path, env: &[(String, String)], app_root: &Pa
     for (k, v) in env.iter().filter(|(k, _)| k != "FAILPOINTS") {
         cmd.env(k, v);
     }
+    // A topology on an embedded default (the memory guard) replays into it
+    // on purpose: the CLI refuses that without the flag.
+    let set = |var: &str| env.iter().any(|(k, v)| k == var && !v.trim().is_empty());
+    if !set("REDIS_URL") || !set("SQL_CONNECTION_STRING") {
+        cmd.arg("--allow-embedded-state");
+    }
     let out = tokio::time::timeout(Duration::from_secs(300), cmd.output())
         .await
         .expect("the dead-letter sweep ran for 5 minutes")

@@ -20,6 +20,12 @@ pub struct Azurite {
 
 impl Azurite {
     pub fn start() -> Azurite {
+        Azurite::start_with_memory_mb(256)
+    }
+
+    /// Azurite holding at most `mb` MiB of blob content in memory (a test
+    /// of large blobs needs more than the default).
+    pub fn start_with_memory_mb(mb: u32) -> Azurite {
         let bin = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join(".tools/node_modules/.bin/azurite-blob");
         assert!(
@@ -42,7 +48,7 @@ impl Azurite {
                 "--silent",
                 "--inMemoryPersistence",
                 "--extentMemoryLimit",
-                "256",
+                &mb.to_string(),
             ])
             .current_dir(dir.path())
             .stdout(Stdio::piped())
@@ -99,6 +105,7 @@ impl Azurite {
             storage: order_guard::deadletter::storage::parse_storage(&self.connection_string())
                 .unwrap(),
             container: container.to_string(),
+            max_blob_bytes: order_guard::deadletter::storage::DEFAULT_MAX_BLOB_BYTES,
         }
     }
 
