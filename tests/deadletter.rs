@@ -160,6 +160,16 @@ async fn every_schema_and_layout_is_replayed_and_moved_and_a_rerun_changes_nothi
     put(c, &ns_flat, &flat).await;
     // Not in a documented layout: left alone, and said (unresolved).
     put(c, "notes/readme.json", &json!({})).await;
+    let dry = order_guard::deadletter::list(
+        c,
+        w.store.as_ref(),
+        &ProcessorSettings::default(),
+        &SweepOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(dry.not_dead_letters, ["notes/readme.json"], "{dry}");
+    assert_eq!((dry.blobs, dry.events), (5, 5), "{dry}");
 
     let s = replay(&w).await;
     assert_eq!(
@@ -534,6 +544,26 @@ async fn a_blob_over_the_bound_is_set_aside_unread_and_the_next_is_replayed() {
     assert!(size > 64 * 1024, "{size}");
     assert!(c.put_new(large, body).await.unwrap());
     put(&c, next, &json!([eg_dead(&eg_event("after-big", "1"))])).await;
+
+    // The dry run sees the same: one blob it would set aside, one event.
+    let dry = order_guard::deadletter::list(
+        &c,
+        store.as_ref(),
+        &ProcessorSettings::default(),
+        &SweepOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            dry.blobs,
+            dry.unreadable,
+            dry.events,
+            dry.not_dead_letters.len()
+        ),
+        (2, 1, 1, 0),
+        "{dry}"
+    );
 
     let s = sweep(
         &processor,

@@ -14,11 +14,13 @@
 //! - [`name`] (pure): the documented blob-name layouts;
 //! - [`storage`] (pure): `DEAD_LETTER_STORAGE` → where and how to sign in;
 //! - [`blobs`]: the container, through `object_store` (list, read, move);
+//! - [`fate`] (pure): what becomes of one blob, step by step, and how it counts;
 //! - [`sweep`]: the replay and the dry run (`list`), with their summaries;
 //! - [`function`]: the `DeadLetterSweep` timer function's invocation.
 
 pub mod blobs;
 pub mod envelope;
+pub mod fate;
 pub mod function;
 pub mod name;
 pub mod progress;

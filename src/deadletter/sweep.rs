@@ -33,8 +33,9 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::blobs::{BlobError, Container, Listed, Moved, Read};
+use super::blobs::{BlobError, Container, Listed, Read};
 use super::envelope::{parse_blob, Metadata};
+use super::fate::{self, Fate, First};
 use super::name::{self, BlobName, REPLAYED, UNREADABLE};
 use crate::event::{check_type, escaped, parse_envelope};
 use crate::order::Order;
@@ -188,91 +189,59 @@ pub async fn sweep(
             s.not_reached = (names.len() - i) as u64;
             break;
         }
-        let (events, note) = sweep_blob(processor, container, blob, &mut s, &past_deadline).await;
-        progress.blob_done(&blob.listed.name, events, &note);
+        let fate = sweep_blob(processor, container, blob, &mut s, &past_deadline).await;
+        let shown = escaped(&blob.listed.name);
+        if let Fate::Left { why, .. } = &fate {
+            log::warn!("dead letter {shown}: left in place: {why}");
+        }
+        let note = fate::record(&mut s, &shown, &fate);
+        progress.blob_done(&blob.listed.name, fate::events_of(&fate), &note);
     }
     progress.finish();
     Ok(s)
 }
 
-/// One blob; (events it held, what became of it).
+/// One blob: the steps [`fate`] decides, performed; what became of it.
+/// (`s` counts the events; the blob itself is counted by the caller.)
 async fn sweep_blob(
     processor: &Processor,
     container: &Container,
     blob: &Candidate,
     s: &mut SweepSummary,
     past_deadline: &(dyn Fn() -> bool + Sync),
-) -> (u64, String) {
+) -> Fate {
     let name = blob.listed.name.as_str();
-    let shown = escaped(name).into_owned();
-    let leave = |s: &mut SweepSummary, why: String| {
-        log::warn!("dead letter {shown}: left in place: {why}");
-        s.unresolved += 1;
-        s.left.push(format!("{shown}: {why}"));
-        format!("left: {why}")
-    };
-    s.blobs += 1;
-    if blob.parsed.is_none() {
-        return (
-            0,
-            leave(
-                s,
-                "not in a documented dead-letter layout (<SUBSCRIPTION>/<yyyy>/<M>/<d>/<H>/<guid>.json or <namespace>/<topic>/<subscription>/…); move it out of the dead-letter container, or replay its events with `order-guard replay FILE`".into(),
-            ),
-        );
-    }
+    let left = |why: String| Fate::Left { events: 0, why };
     let max = container.max_blob_bytes();
-    let read = if blob.listed.size > max {
-        Ok(Read::TooLarge {
-            size: blob.listed.size,
-        })
-    } else {
-        container.read(name).await
-    };
-    let bytes = match read {
+    match fate::before_reading(blob.parsed.is_some(), blob.listed.size, max) {
+        First::Leave(why) => return left(why),
+        First::SetAside { why } => {
+            return set_aside(processor, container, name, blob.listed.size, why).await
+        }
+        First::Read => {}
+    }
+    let bytes = match container.read(name).await {
         Ok(Read::Bytes(b)) => b,
+        // Gone since it was listed.
         Ok(Read::Gone) => {
-            // Gone since it was listed: another sweep moved it, and its copy
-            // is under one of the two folders; anything else is a blob this
-            // sweep cannot account for.
             return match moved_by_another(container, name).await {
-                Ok(true) => {
-                    s.blobs -= 1;
-                    (0, "gone (moved by another sweep)".into())
-                }
-                Ok(false) => (
-                    0,
-                    leave(
-                        s,
-                        format!(
-                            "listed but not found, and no copy under {REPLAYED} or {UNREADABLE}"
-                        ),
-                    ),
-                ),
-                Err(e) => (0, leave(s, e.to_string())),
-            };
+                Ok(found) => fate::when_gone(found),
+                Err(e) => left(e.to_string()),
+            }
         }
+        // It grew past the bound after it was listed.
         Ok(Read::TooLarge { size }) => {
-            let why = format!(
-                "is {size} bytes, over the {max} a dead letter can hold (DEAD_LETTER_MAX_BLOB_BYTES); not read"
-            );
-            return (
-                0,
-                set_aside(processor, container, name, size, why, s, &leave).await,
-            );
+            return set_aside(processor, container, name, size, fate::too_large(size, max)).await
         }
-        Err(e) => return (0, leave(s, e.to_string())),
+        Err(e) => return left(e.to_string()),
     };
     let events = match parse_blob(&bytes) {
         Ok(events) => events,
         Err(unreadable) => {
-            let why = format!("holds no events: {unreadable}");
             let size = bytes.len() as u64;
             drop(bytes);
-            return (
-                0,
-                set_aside(processor, container, name, size, why, s, &leave).await,
-            );
+            let why = format!("holds no events: {unreadable}");
+            return set_aside(processor, container, name, size, why).await;
         }
     };
     let count = events.len() as u64;
@@ -283,35 +252,23 @@ async fn sweep_blob(
             break;
         }
         let outcome = processor.process_event(&dl.event).await;
-        s.events += 1;
-        match outcome.outcome {
-            OutcomeKind::Executed => s.executed += 1,
-            OutcomeKind::Duplicate => s.duplicates += 1,
-            OutcomeKind::Conflict => s.conflicts += 1,
-            OutcomeKind::Rejected => s.rejected += 1,
-            OutcomeKind::Retry | OutcomeKind::InProgress => {
-                s.retries += 1;
-                pending += 1;
-            }
+        if fate::count_event(s, outcome.outcome) {
+            pending += 1;
         }
         log_event(name, &outcome, &dl.metadata);
     }
-    if pending > 0 {
-        return (
-            count,
-            leave(
-                s,
-                format!("{pending} of {count} events not finished (retry, in_progress or past the deadline)"),
-            ),
-        );
+    if let Some(stays) = fate::after_events(count, pending) {
+        return stays;
     }
     match container.move_under(REPLAYED, name, bytes).await {
-        Ok(Moved::Now) => {
-            s.moved += 1;
-            (count, format!("moved under {REPLAYED}"))
-        }
-        Ok(Moved::Already) => (count, "moved by another sweep meanwhile".into()),
-        Err(e) => (count, leave(s, e.to_string())),
+        Ok(moved) => Fate::Replayed {
+            events: count,
+            moved,
+        },
+        Err(e) => Fate::Left {
+            events: count,
+            why: e.to_string(),
+        },
     }
 }
 
@@ -324,16 +281,15 @@ async fn moved_by_another(container: &Container, name: &str) -> Result<bool, Blo
 
 /// A blob the sweep will not replay (`why`): stored as poison with its
 /// name, size and reason (its body stays in the blob), then moved under
-/// `unreadable/` unread; left in place, `unresolved`, when either fails.
+/// `unreadable/` unread; left in place when either fails.
 async fn set_aside(
     processor: &Processor,
     container: &Container,
     name: &str,
     size: u64,
     why: String,
-    s: &mut SweepSummary,
-    leave: &(dyn Fn(&mut SweepSummary, String) -> String + Sync),
-) -> String {
+) -> Fate {
+    let left = |why: String| Fate::Left { events: 0, why };
     let reason = format!("dead-letter blob {name} {why}; the blob is kept as {UNREADABLE}{name}");
     let rejection = Rejection {
         kind: RejectionKind::Poison,
@@ -346,26 +302,18 @@ async fn set_aside(
     };
     match tokio::time::timeout(REJECT_TIMEOUT, processor.store().reject(&rejection)).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return leave(s, format!("{why}, and not stored: {e}")),
+        Ok(Err(e)) => return left(format!("{why}, and not stored: {e}")),
         Err(_) => {
-            return leave(
-                s,
-                format!(
-                    "{why}, and the store did not answer within {} s",
-                    REJECT_TIMEOUT.as_secs()
-                ),
-            )
+            return left(format!(
+                "{why}, and the store did not answer within {} s",
+                REJECT_TIMEOUT.as_secs()
+            ))
         }
     }
     log::warn!("dead letter {}", escaped(&reason));
     match container.move_unread(UNREADABLE, name, size).await {
-        Ok(moved) => {
-            if moved == Moved::Now {
-                s.unreadable += 1;
-            }
-            format!("set aside ({why}): moved under {UNREADABLE}")
-        }
-        Err(e) => leave(s, format!("{why}; stored, but not moved: {e}")),
+        Ok(moved) => Fate::SetAside { why, moved },
+        Err(e) => left(format!("{why}; stored, but not moved: {e}")),
     }
 }
 
@@ -515,17 +463,21 @@ pub async fn list(
             break;
         }
         let name = candidate.listed.name.clone();
+        let max = container.max_blob_bytes();
+        let read =
+            match fate::before_reading(candidate.parsed.is_some(), candidate.listed.size, max) {
+                First::Leave(_) => {
+                    s.blobs += 1;
+                    s.not_dead_letters.push(name);
+                    continue;
+                }
+                First::SetAside { .. } => Read::TooLarge {
+                    size: candidate.listed.size,
+                },
+                First::Read => container.read(&name).await?,
+            };
         let Some(blob) = &candidate.parsed else {
-            s.blobs += 1;
-            s.not_dead_letters.push(name);
             continue;
-        };
-        let read = if candidate.listed.size > container.max_blob_bytes() {
-            Read::TooLarge {
-                size: candidate.listed.size,
-            }
-        } else {
-            container.read(&name).await?
         };
         let bytes = match read {
             Read::Bytes(b) => b,
