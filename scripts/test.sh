@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run calls exactly this).
 #
-# 1. makes sure redis-server is installed, and Azurite (scripts/ensure-azurite.sh:
-#    the dead-letter tests start their own Blob Storage emulator) (the Redis tests start their own on a
-#    free loopback port; they fail loudly when it is missing);
+# 1. makes sure redis-server is installed (the Redis tests start their own on
+#    a free loopback port; they fail loudly when it is missing), Azurite
+#    (scripts/ensure-azurite.sh: the dead-letter tests start their own Blob
+#    Storage emulator) and Azure's CLI (scripts/ensure-azure-cli.sh: the
+#    README's az commands are parsed by it, tests/az_commands.rs);
 # 2. starts the real T-SQL engine (scripts/tsql-engine.sh) for the SQL Server
 #    tests, unless ORDER_GUARD_TEST_MSSQL already names a server (your own SQL
 #    Server or Azure SQL: see the README). With
@@ -18,6 +20,7 @@ cd "$(dirname "$0")/.."
 
 scripts/ensure-redis.sh
 scripts/ensure-azurite.sh
+scripts/ensure-azure-cli.sh >/dev/null
 
 started_engine=""
 if [ -z "${ORDER_GUARD_TEST_MSSQL:-}" ]; then
