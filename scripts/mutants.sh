@@ -8,7 +8,8 @@
 # FILE       source files to mutate, one cargo-mutants run (`--file`) each;
 #            default: the files of the scores table in docs/testing.md
 #            (src/decision.rs src/finished.rs src/store/sqlite.rs
-#            src/processor.rs src/guard/redis.rs)
+#            src/processor.rs src/guard/redis.rs src/hosting.rs
+#            src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs)
 # CARGO_TEST_ARGS
 #            the test selection every mutant is judged by: cargo arguments
 #            given to both the build (`cargo test --no-run`, so only these
@@ -57,7 +58,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ ${#files[@]} -eq 0 ]; then
-  files=(src/decision.rs src/finished.rs src/store/sqlite.rs src/processor.rs src/guard/redis.rs)
+  files=(src/decision.rs src/finished.rs src/store/sqlite.rs src/processor.rs src/guard/redis.rs
+    src/hosting.rs src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs)
 fi
 given_args=("$@")
 
@@ -76,6 +78,9 @@ selection_for() {
     src/guard/redis.rs)
       echo --lib --test guard --test processor --test liveness --test store_identity \
         --test redis_entra_id --test bad_input --test host_protocol ;;
+    # Pure decision files: their unit tests judge them.
+    src/hosting.rs|src/deadletter/name.rs|src/deadletter/fate.rs|src/config/state.rs)
+      echo --lib ;;
     *) echo --lib --test processor --test guard --test bad_input --test host_protocol \
         --test store_conformance ;;
   esac

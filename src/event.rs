@@ -154,7 +154,7 @@ pub enum Delivery {
     Batch(Vec<Value>),
 }
 
-/// Normalize `Data.eventGridEvent` per protocol.md §1.3: object → one event;
+/// Normalize `Data.eventGridEvent` per docs/host-protocol.md ("One invocation"): object → one event;
 /// array → a batch; string → decode and repeat; anything else → invalid.
 pub fn normalize(mut value: Value) -> Result<Delivery, InvalidEvent> {
     for _ in 0..=MAX_DECODE_ROUNDS {

@@ -1,4 +1,4 @@
-//! The Functions custom-handler protocol over warp (protocol.md §1–2).
+//! The Functions custom-handler protocol over warp (docs/host-protocol.md, "One invocation", "The answer").
 //!
 //! `POST /OrderTrigger` with `{"Data":{"eventGridEvent":…},"Metadata":{…}}` is
 //! answered with `{"Outputs":{},"Logs":[…],"ReturnValue":…}`: 200 when every

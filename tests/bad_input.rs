@@ -7,7 +7,7 @@
 //!
 //! The handler runs in-process (warp on an ephemeral port) over a real SQLite
 //! file and a real Redis guard; answers are judged as the host judges them
-//! (protocol.md §6.3).
+//! (docs/host-protocol.md, "The answer").
 
 mod common;
 

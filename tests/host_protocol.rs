@@ -1,5 +1,5 @@
 //! The custom-handler protocol over real HTTP: a warp server on an ephemeral
-//! port receiving host-shaped invocations (protocol.md §1–2, §6), judged the
+//! port receiving host-shaped invocations (docs/host-protocol.md), judged the
 //! way the Functions host judges them.
 
 mod common;

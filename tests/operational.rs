@@ -21,7 +21,7 @@ use common::{RedisServer, Verdict};
 /// The harness's function timeout (an invocation not answered by then is
 /// stuck); Event Grid itself gives up on a delivery after 30 s.
 const FUNCTION_TIMEOUT: Duration = Duration::from_secs(30);
-/// The host's start limit per attempt (protocol.md §1.1).
+/// The host's start limit per attempt (docs/host-protocol.md, "Starting the handler").
 const START_LIMIT: Duration = Duration::from_secs(30);
 
 /// One `order-guard serve` process, killed when dropped.

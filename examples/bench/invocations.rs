@@ -3,7 +3,7 @@
 use super::*;
 
 /// The Functions host's invocation body for order `i` of run `tag`
-/// (protocol.md §1.3, Event Grid schema, the default binding). The same `i`
+/// (docs/host-protocol.md, "One invocation": Event Grid schema, the default binding). The same `i`
 /// always gives the same event: a redelivery.
 pub(crate) fn invocation_body(tag: u32, i: u64) -> String {
     let order_id = format!("bench-{tag:08x}-{i:06}");

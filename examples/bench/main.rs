@@ -6,7 +6,7 @@
 //!   invocation and answers a fixed host-shaped JSON body with no work: the
 //!   HTTP ceiling, a separate process like the handler.
 //! - `bench run …`: drives the handler over real HTTP with host-shaped
-//!   invocations (protocol.md §1.2–1.3, §6.2) and measures, in rounds that
+//!   invocations (docs/host-protocol.md, "One invocation") and measures, in rounds that
 //!   interleave every figure with its ceilings: the HTTP ceiling, raw
 //!   `SET key val NX EX 300` round trips with redis-rs (the Redis ceiling),
 //!   durable SQLite commits (the commit ceiling), the first-delivery path and

@@ -5,7 +5,7 @@
 //! The test starts its own `redis-server`, [`HANDLERS`] handler processes
 //! (`order-guard serve`, built with the `failpoints` feature) sharing that
 //! Redis and one SQLite file, and a driver that plays Event Grid and the
-//! Functions host (protocol.md §3, §6): every order is delivered several times
+//! Functions host (docs/host-protocol.md, "Event Grid through the host"): every order is delivered several times
 //! (random order, concurrently, some only after the order was acknowledged,
 //! as Event Grid or CloudEvents, objects, strings, batches, chunked bodies),
 //! a few conflicting payloads and poison events among them, and every delivery
@@ -93,7 +93,7 @@ const IN_FLIGHT: usize = 32;
 const FAILPOINTS: &str = "after_guard_acquire=0.8%return(crash)->1%return(error);\
                           before_complete=0.5%return(crash)->1%return(error);\
                           in_release=1%return(crash)";
-/// Event Grid's retry schedule (protocol.md §3), compressed below.
+/// Event Grid's retry schedule (docs/host-protocol.md, "Event Grid through the host"), compressed below.
 const EG_SCHEDULE_SECONDS: [u64; 9] = [10, 30, 60, 300, 600, 1800, 3600, 10_800, 21_600];
 const BACKOFF_COMPRESSION: u64 = 50;
 /// With the cap, a delivery's [`MAX_ATTEMPTS`] span about 12 minutes, the

@@ -844,7 +844,7 @@ pub fn cloud_event(data: Value) -> Value {
     })
 }
 
-/// The body the Functions host sends for a trigger value (protocol.md §6.2).
+/// The body the Functions host sends for a trigger value (docs/host-protocol.md, "One invocation").
 pub fn invocation(trigger: Value) -> Value {
     let data = trigger.get("data").cloned().unwrap_or(Value::Null);
     json!({
@@ -919,7 +919,7 @@ pub struct Answer {
     pub body: Value,
 }
 
-/// A request the way the host sends it (headers of protocol.md §1.2); a
+/// A request the way the host sends it (the headers of docs/host-protocol.md, "One invocation"); a
 /// chunked body is streamed in `chunk`-byte pieces with no Content-Length.
 pub fn host_request(
     method: &str,
@@ -1006,7 +1006,7 @@ pub struct RawAnswer {
     pub bytes: Vec<u8>,
 }
 
-/// What the Functions host makes of an answer (protocol.md §6.3).
+/// What the Functions host makes of an answer (docs/host-protocol.md, "The answer").
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
     /// 2xx, JSON-typed, a JSON object: the invocation succeeded.
@@ -1025,7 +1025,7 @@ impl RawAnswer {
         serde_json::from_slice(&self.bytes).ok()
     }
 
-    /// Judge the answer as the host does (protocol.md §6.3).
+    /// Judge the answer as the host does (docs/host-protocol.md, "The answer").
     pub fn verdict(&self) -> Verdict {
         let text = String::from_utf8_lossy(&self.bytes);
         if !(200..=299).contains(&self.status) {
@@ -1204,7 +1204,7 @@ pub fn handler_binary() -> std::path::PathBuf {
 }
 
 /// Environment for one handler process, as the Functions host sets it
-/// (protocol.md §6.1) plus the app settings given.
+/// (docs/host-protocol.md, "Starting the handler") plus the app settings given.
 pub fn handler_env(port: u16, app_root: &std::path::Path) -> Vec<(String, String)> {
     let worker = uuid::Uuid::new_v4().to_string();
     vec![

@@ -196,7 +196,7 @@ fn every_schema_batch_parses_as_tsql() {
     );
 }
 
-/// Constructs outside the portable subset (docs/protocol.md 7.4).
+/// Constructs outside the portable subset (docs/sqlserver.md, "The portable T-SQL subset").
 #[test]
 fn statements_stay_in_the_portable_subset() {
     let forbidden = [
