@@ -248,8 +248,7 @@ fn judge(az: &Path, config_dir: &Path, command: &str) -> Verdict {
     let lower = said.to_ascii_lowercase();
     if lower.contains("requires the extension") || lower.contains("az extension add") {
         Verdict::Extension(said.trim().to_string())
-    } else if (lower.contains("az login") || lower.contains("proxyerror"))
-        && !out.status.success()
+    } else if (lower.contains("az login") || lower.contains("proxyerror")) && !out.status.success()
     {
         // Stopped for want of a login, or at the network (a command that
         // needs neither, such as a data-plane call with its own key): the
@@ -267,7 +266,10 @@ fn the_parts_of_a_command_are_found_and_replaced() {
     assert_eq!(lines.len(), 3, "{lines:?}");
     assert_eq!(lines[0], "az group create --name $RG  --location $LOC");
     assert_eq!(az_commands(&lines[0]), [lines[0].clone()]);
-    assert_eq!(az_commands(&lines[1]), ["az account show --query id -o tsv"]);
+    assert_eq!(
+        az_commands(&lines[1]),
+        ["az account show --query id -o tsv"]
+    );
     assert!(az_commands(&lines[2]).is_empty());
     let nested = r#"az x --id "$(az y --n "$(az z)")/f""#;
     assert_eq!(
