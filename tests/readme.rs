@@ -1,9 +1,10 @@
-//! The README stays in step with the code (issue 24), the way
-//! `tests/settings.rs` keeps `local.settings.json.example` in step: its
-//! settings table lists every variable the handler reads and nothing else,
-//! the defaults it shows are the code's, the key format it states is the
-//! one the guard writes, and its metric table lists the instruments the
-//! code makes.
+//! The README and the pages of `docs/` stay in step with the code, the way
+//! `tests/settings.rs` keeps `local.settings.json.example` in step: the
+//! settings table of `docs/configuration.md` lists every variable the
+//! handler reads and nothing else, the defaults shown (there and in the
+//! README's short table) are the code's, the key format stated is the one
+//! the guard writes, the metric table of `docs/telemetry.md` lists the
+//! instruments the code makes, and every relative link resolves.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,20 +12,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use order_guard::config::Config;
 
 const README: &str = include_str!("../README.md");
+const CONFIGURATION: &str = include_str!("../docs/configuration.md");
+const TELEMETRY: &str = include_str!("../docs/telemetry.md");
 
 /// Read only in builds with `--features failpoints` (the chaos tests); not a
 /// setting of a deployed handler, so not in the table on purpose.
 const TEST_BUILDS_ONLY: [&str; 1] = ["FAILPOINTS"];
 
-/// The Configuration table: each row's variables (first column, every
+/// The rows of a settings table: each row's variables (first column, every
 /// backticked name) and its default cell.
-fn settings_table() -> Vec<(Vec<String>, String)> {
-    let section = README
-        .split("\n## Configuration\n")
-        .nth(1)
-        .expect("the README has a Configuration section");
-    let section = section.split("\n## ").next().unwrap();
-    let rows: Vec<(Vec<String>, String)> = section
+fn table_rows(section: &str) -> Vec<(Vec<String>, String)> {
+    section
         .lines()
         .filter(|l| l.starts_with("| `"))
         .map(|l| {
@@ -38,8 +36,36 @@ fn settings_table() -> Vec<(Vec<String>, String)> {
                 .collect();
             (names, cells[1].trim().to_string())
         })
-        .collect();
-    assert!(rows.len() > 10, "the Configuration table was not found");
+        .collect()
+}
+
+/// The full table, `docs/configuration.md`: every setting the handler reads.
+fn settings_table() -> Vec<(Vec<String>, String)> {
+    let rows = table_rows(CONFIGURATION);
+    assert!(
+        rows.len() > 30,
+        "the table of docs/configuration.md was not found"
+    );
+    rows
+}
+
+/// The README's short table (its Configuration section): the settings
+/// most often set, each also in the full table.
+fn readme_settings_table() -> Vec<(Vec<String>, String)> {
+    let section = README
+        .split("\n## Configuration\n")
+        .nth(1)
+        .expect("the README has a Configuration section");
+    let section = section.split("\n## ").next().unwrap();
+    let rows = table_rows(section);
+    assert!(
+        rows.len() > 5,
+        "the README's Configuration table was not found"
+    );
+    assert!(
+        section.contains("(docs/configuration.md)"),
+        "the README's Configuration section links to the full table"
+    );
     rows
 }
 
@@ -121,20 +147,30 @@ fn the_settings_table_lists_every_variable_the_handler_reads_and_nothing_else() 
     let missing: Vec<&String> = read.difference(&table).collect();
     assert!(
         missing.is_empty(),
-        "the handler reads {missing:?}, which the README's settings table does not list"
+        "the handler reads {missing:?}, which the settings table of docs/configuration.md does not list"
     );
     let unknown: Vec<&String> = table.difference(&read).collect();
+    assert!(
+        unknown.is_empty(),
+        "the settings table of docs/configuration.md lists {unknown:?}, which the handler does not read"
+    );
+    let short: BTreeSet<String> = readme_settings_table()
+        .into_iter()
+        .flat_map(|(n, _)| n)
+        .collect();
+    let unknown: Vec<&String> = short.difference(&read).collect();
     assert!(
         unknown.is_empty(),
         "the README's settings table lists {unknown:?}, which the handler does not read"
     );
 }
 
-#[test]
-fn the_defaults_shown_are_the_codes() {
+/// Checks the defaults of one table's rows against the code; answers how
+/// many were checked.
+fn check_defaults(rows: Vec<(Vec<String>, String)>, page: &str) -> usize {
     let default = format!("{:?}", Config::from_lookup(|_| None).unwrap());
     let mut checked = 0;
-    for (names, cell) in settings_table() {
+    for (names, cell) in rows {
         let Some(value) = cell.strip_prefix('`').and_then(|c| c.split('`').next()) else {
             continue;
         };
@@ -143,40 +179,54 @@ fn the_defaults_shown_are_the_codes() {
             let logging = include_str!("../src/logging.rs");
             assert!(
                 logging.contains(&format!("default_filter_or(\"{value}\")")),
-                "the README says RUST_LOG defaults to {value:?}; src/logging.rs does not"
+                "{page} says RUST_LOG defaults to {value:?}; src/logging.rs does not"
             );
             checked += 1;
             continue;
         }
         let with = Config::from_lookup(|k| (k == name).then(|| value.to_string()));
-        let with = with
-            .unwrap_or_else(|e| panic!("{name}={value} (the README's default) is refused: {e}"));
+        let with =
+            with.unwrap_or_else(|e| panic!("{name}={value} ({page}'s default) is refused: {e}"));
         assert_eq!(
             format!("{with:?}"),
             default,
-            "{name}={value} (the README's default) does not give the default configuration"
+            "{name}={value} ({page}'s default) does not give the default configuration"
         );
         checked += 1;
     }
+    checked
+}
+
+#[test]
+fn the_defaults_shown_are_the_codes() {
+    let checked = check_defaults(settings_table(), "docs/configuration.md");
     assert!(checked >= 15, "only {checked} defaults were checked");
-    // Defaults written as words: the embedded ones.
-    let rows: BTreeMap<String, String> = settings_table()
-        .into_iter()
-        .map(|(n, d)| (n[0].clone(), d))
-        .collect();
+    let checked = check_defaults(readme_settings_table(), "README.md");
     assert!(
-        rows["REDIS_URL"].contains("in-memory guard"),
-        "{}",
-        rows["REDIS_URL"]
+        checked >= 5,
+        "only {checked} of the README's defaults were checked"
     );
-    assert!(
-        rows["SQL_CONNECTION_STRING"].contains(&format!(
-            "sqlite:{}",
-            order_guard::config::DEFAULT_SQLITE_PATH
-        )),
-        "{}",
-        rows["SQL_CONNECTION_STRING"]
-    );
+    // Defaults written as words: the embedded ones, in both tables.
+    for (page, table) in [
+        ("docs/configuration.md", settings_table()),
+        ("README.md", readme_settings_table()),
+    ] {
+        let rows: BTreeMap<String, String> =
+            table.into_iter().map(|(n, d)| (n[0].clone(), d)).collect();
+        assert!(
+            rows["REDIS_URL"].contains("in-memory guard"),
+            "{page}: {}",
+            rows["REDIS_URL"]
+        );
+        assert!(
+            rows["SQL_CONNECTION_STRING"].contains(&format!(
+                "sqlite:{}",
+                order_guard::config::DEFAULT_SQLITE_PATH
+            )),
+            "{page}: {}",
+            rows["SQL_CONNECTION_STRING"]
+        );
+    }
 }
 
 #[test]
@@ -187,15 +237,21 @@ fn the_key_format_stated_is_the_one_the_guard_writes() {
     assert_eq!(key, "orden:{<id>}");
     assert_eq!(fp, "orden-fp:{<id>}");
     let redis_doc = include_str!("../docs/redis.md");
-    for (text, name) in [(README, "README.md"), (redis_doc, "docs/redis.md")] {
-        assert!(
-            text.contains(&format!("`{key}`")),
-            "{name} does not state the key format {key}"
-        );
-        assert!(
-            text.contains(&format!("`{fp}`")),
-            "{name} does not state the fingerprint key format {fp}"
-        );
+    for (text, name) in [
+        (CONFIGURATION, "docs/configuration.md"),
+        (redis_doc, "docs/redis.md"),
+        (README, "README.md"),
+    ] {
+        if name != "README.md" {
+            assert!(
+                text.contains(&format!("`{key}`")),
+                "{name} does not state the key format {key}"
+            );
+            assert!(
+                text.contains(&format!("`{fp}`")),
+                "{name} does not state the fingerprint key format {fp}"
+            );
+        }
         // The form before hash tags appears only where the upgrade from it is told.
         for line in text.lines().filter(|l| l.contains("`orden:<id>`")) {
             assert!(
@@ -290,15 +346,18 @@ fn instruments_in_code() -> BTreeSet<String> {
     names
 }
 
-/// The README's metric table: the first cell of each row between
-/// "**Metrics**" and "**Traces.**".
+/// The metric table of `docs/telemetry.md`: the first cell of each row of
+/// its Metrics section.
 fn metric_table() -> BTreeSet<String> {
-    let start = README.find("**Metrics**").expect("a Metrics paragraph");
+    let start = TELEMETRY
+        .find("\n## Metrics\n")
+        .expect("docs/telemetry.md has a Metrics section");
     let end = start
-        + README[start..]
-            .find("**Traces.**")
-            .expect("a Traces paragraph");
-    README[start..end]
+        + 1
+        + TELEMETRY[start + 1..]
+            .find("\n## ")
+            .expect("a section after Metrics");
+    TELEMETRY[start..end]
         .lines()
         .filter_map(|l| l.strip_prefix("| `"))
         .map(|l| l[..l.find('`').unwrap()].to_string())
@@ -310,4 +369,214 @@ fn the_metric_table_lists_every_instrument_and_nothing_else() {
     let code = instruments_in_code();
     assert!(code.len() > 10, "{code:?}");
     assert_eq!(metric_table(), code);
+}
+
+/// The README and every page of `docs/`, with their paths in the repository.
+fn documents() -> Vec<(std::path::PathBuf, String)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut paths = vec![root.join("README.md")];
+    let mut pages: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    pages.sort();
+    paths.extend(pages);
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text)
+        })
+        .collect()
+}
+
+/// The lines of a Markdown text outside fenced code blocks.
+fn prose_lines(text: &str) -> Vec<&str> {
+    let mut fenced = false;
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if !fenced {
+            lines.push(line);
+        }
+    }
+    lines
+}
+
+/// GitHub's anchor for a heading: lower case, letters, digits, `-` and `_`
+/// kept, spaces made `-`, everything else dropped.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            '-' | '_' => Some(c),
+            c if c.is_alphanumeric() => Some(c),
+            _ => None,
+        })
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// The anchors a page offers: its headings' (a repeated heading gets `-1`,
+/// `-2`, … as on GitHub) and every `<a id="…">`.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for line in prose_lines(text) {
+        if let Some(heading) = line.strip_prefix('#') {
+            let heading = heading.trim_start_matches('#');
+            if heading.starts_with(' ') {
+                let base = slug(heading);
+                let n = seen.entry(base.clone()).or_insert(0);
+                found.insert(if *n == 0 {
+                    base.clone()
+                } else {
+                    format!("{base}-{n}")
+                });
+                *n += 1;
+            }
+        }
+        for part in line.split("<a id=\"").skip(1) {
+            found.insert(part.split('"').next().unwrap().to_string());
+        }
+    }
+    found
+}
+
+/// Every `[text](target)` of a text's prose, with its line number.
+fn markdown_links(text: &str) -> Vec<(usize, String)> {
+    let mut links = Vec::new();
+    let mut fenced = false;
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        for (at, _) in line.match_indices("](") {
+            if !line[..at].contains('[') {
+                continue;
+            }
+            let rest = &line[at + 2..];
+            if let Some(end) = rest.find(')') {
+                links.push((n + 1, rest[..end].trim().to_string()));
+            }
+        }
+    }
+    links
+}
+
+/// Every relative link of the README and of the pages of `docs/` names a
+/// file of the repository, and its `#anchor` a heading of that page (a
+/// link to `#section` of the same page included); every repository path
+/// written as inline code (`docs/…`, `src/…`, `tests/…`, …) exists.
+#[test]
+fn every_relative_link_and_path_resolves() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let docs = documents();
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for (path, text) in &docs {
+        let shown = path.strip_prefix(root).unwrap().display().to_string();
+        let dir = path.parent().unwrap();
+        for (line, target) in markdown_links(text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (file, anchor) = match target.split_once('#') {
+                Some((f, a)) => (f, Some(a)),
+                None => (target.as_str(), None),
+            };
+            let resolved = if file.is_empty() {
+                path.clone()
+            } else {
+                dir.join(file)
+            };
+            let Ok(resolved) = resolved.canonicalize() else {
+                broken.push(format!("{shown}:{line}: {target}: no such file"));
+                continue;
+            };
+            if !resolved.starts_with(root.canonicalize().unwrap()) {
+                broken.push(format!("{shown}:{line}: {target}: outside the repository"));
+                continue;
+            }
+            if let Some(anchor) = anchor {
+                let page = std::fs::read_to_string(&resolved).unwrap_or_default();
+                if !anchors(&page).contains(anchor) {
+                    broken.push(format!(
+                        "{shown}:{line}: {target}: no heading #{anchor} there"
+                    ));
+                }
+            }
+        }
+        let prefixes = [
+            "docs/",
+            "src/",
+            "tests/",
+            "scripts/",
+            "sql/",
+            "samples/",
+            "examples/",
+            "fuzz/",
+            ".ci/",
+            "OrderTrigger/",
+            "DeadLetterSweep/",
+        ];
+        for (n, line) in text.lines().enumerate() {
+            if line.matches('`').count() % 2 != 0 {
+                continue;
+            }
+            for code in line.split('`').skip(1).step_by(2) {
+                let named = code.trim_end_matches([':', ',', '.']);
+                // `.cs` files are the Functions host's (Azure/azure-functions-host),
+                // named in docs/host-protocol.md as the sources of its facts.
+                if !prefixes.iter().any(|p| named.starts_with(p))
+                    || named.ends_with(".cs")
+                    || named.contains(|c: char| c.is_whitespace() || "{}*<>…|$=".contains(c))
+                {
+                    continue;
+                }
+                checked += 1;
+                if !root.join(named).exists() {
+                    broken.push(format!("{shown}:{}: `{named}`: no such path", n + 1));
+                }
+            }
+        }
+    }
+    assert!(checked > 50, "only {checked} links and paths were checked");
+    assert!(
+        broken.is_empty(),
+        "links and paths that do not resolve:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn the_anchors_are_githubs() {
+    assert_eq!(
+        slug(" Deploy to Azure, step by step"),
+        "deploy-to-azure-step-by-step"
+    );
+    assert_eq!(
+        slug(" Sampling: which traces are exported"),
+        "sampling-which-traces-are-exported"
+    );
+    assert_eq!(
+        slug(" Run it under the Functions host (Core Tools)"),
+        "run-it-under-the-functions-host-core-tools"
+    );
+    assert_eq!(slug(" `finished`: the cache"), "finished-the-cache");
+    let page = "# A\n## Same\n## Same\n```\n## not a heading\n```\n<a id=\"x\"></a>\n";
+    let found = anchors(page);
+    assert!(found.contains("a") && found.contains("same") && found.contains("same-1"));
+    assert!(found.contains("x") && !found.contains("not-a-heading"));
 }
