@@ -30,6 +30,15 @@ const READ_BY_THE_HOST: [&str; 3] = [
 /// (`IDENTITY_ENDPOINT`, `AZURE_CLIENT_ID`, …) are set by the platform.
 const READ_OUTSIDE_CONFIG: [&str; 1] = ["RUST_LOG"];
 
+/// What `func start` gives the handler: the example's values plus what
+/// Core Tools sets for the host it starts (`FUNCTIONS_CORETOOLS_ENVIRONMENT
+/// =true`, Core Tools' `Program.Main`), which the host passes on.
+fn under_core_tools() -> BTreeMap<String, String> {
+    let mut env = example_values();
+    env.insert("FUNCTIONS_CORETOOLS_ENVIRONMENT".into(), "true".into());
+    env
+}
+
 fn example_values() -> BTreeMap<String, String> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/local.settings.json.example");
     let text = std::fs::read_to_string(path).expect("read local.settings.json.example");
@@ -74,7 +83,7 @@ fn the_example_holds_every_setting_the_handler_reads_and_nothing_else() {
     in_azure.insert("WEBSITE_INSTANCE_ID".into(), "instance".into());
     // The embedded defaults too: some settings are read only on that path.
     let embedded = BTreeMap::from([("WEBSITE_INSTANCE_ID".to_string(), "instance".to_string())]);
-    let (read, results) = asked(&[example.clone(), in_azure, BTreeMap::new(), embedded]);
+    let (read, results) = asked(&[under_core_tools(), in_azure, BTreeMap::new(), embedded]);
 
     assert_eq!(
         results[0],
@@ -130,7 +139,7 @@ fn the_handler_reads_its_log_filter_from_rust_log() {
 #[test]
 fn the_example_copied_unedited_runs_on_the_embedded_defaults() {
     use order_guard::config::{GuardConfig, StoreConfig, DEFAULT_SQLITE_PATH};
-    let example = example_values();
+    let example = under_core_tools();
     let config = Config::from_lookup(|k| example.get(k).cloned()).expect("the example is accepted");
     assert_eq!(
         config.guard,
@@ -183,4 +192,20 @@ fn the_readme_says_which_local_settings_are_never_copied() {
             "the README's 'never copied' passage does not name {k}"
         );
     }
+}
+
+/// The same example in a Functions container that is not Core Tools (a
+/// user copying it into their own image, or Azure): its empty `REDIS_URL`
+/// is refused, naming where it runs; it never runs one replica's own state.
+#[test]
+fn the_example_outside_core_tools_is_refused() {
+    let example = example_values();
+    let e = Config::from_lookup(|k| example.get(k).cloned()).unwrap_err();
+    assert_eq!(e.var, "REDIS_URL", "{e}");
+    assert!(
+        e.to_string().contains("not Core Tools")
+            && e.to_string()
+                .contains("ORDER_GUARD_ALLOW_EMBEDDED_STATE=true"),
+        "{e}"
+    );
 }
