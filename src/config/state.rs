@@ -373,4 +373,22 @@ mod tests {
             assert!(config(&with_file).is_ok(), "{env:?}");
         }
     }
+
+    /// `Debug` locates the store and never shows a connection string (the
+    /// secret test elsewhere only proves the latter, which an empty output
+    /// would pass too).
+    #[test]
+    fn debug_shows_where_the_store_is_and_no_connection_string() {
+        let file = StoreConfig::Sqlite {
+            path: "/data/o.db".into(),
+        };
+        assert_eq!(format!("{file:?}"), r#"Sqlite { path: "/data/o.db" }"#);
+        let server = StoreConfig::SqlServer {
+            connection_string: "Server=tcp:db;Password=hunter2".into(),
+        };
+        assert_eq!(
+            format!("{server:?}"),
+            r#"SqlServer { connection_string: "(not shown)" }"#
+        );
+    }
 }
