@@ -51,6 +51,8 @@ async fn sql_store(cs: &str, pool: u32) -> anyhow::Result<Arc<SqlServerStore>> {
             connect_timeout: Duration::from_secs(30),
             query_timeout: Duration::from_secs(30),
             pool_size: pool,
+            migrate_timeout: order_guard::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT,
+            migrate_batch_rows: order_guard::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS,
         },
     )?;
     store.migrate().await?;

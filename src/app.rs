@@ -145,8 +145,23 @@ fn redact_url(url: &str) -> String {
 /// fresh database just works. A SQL Server that cannot be migrated at start
 /// does not stop the handler: the migration goes on in the background and
 /// invocations answer `retry` (Event Grid keeps the events) until it is done.
+/// But a database user that lacks a right stops the start, naming each
+/// right and the fix (`StoreError::Misconfigured`): answering `retry` for
+/// every order would fix nothing.
 pub async fn build_processor(config: &Config) -> anyhow::Result<Arc<Processor>> {
     build_processor_with(config, None).await
+}
+
+/// How a start treats a store it cannot use yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// `serve`: listen anyway, migrating in the background, while a retry
+    /// may fix it (a store not reachable yet, a schema the admin has still
+    /// to migrate); stop when only an operator can (a right missing).
+    Serve,
+    /// `replay`, the dead-letter sweep's CLI: stop at once when only an
+    /// operator can fix it (a right or the schema missing).
+    Command,
 }
 
 /// The exporters `config.telemetry` asks for (`None`: nothing exported).
@@ -159,6 +174,25 @@ pub fn start_telemetry(config: &Config) -> anyhow::Result<Option<Telemetry>> {
 pub async fn build_processor_with(
     config: &Config,
     telemetry: Option<&Telemetry>,
+) -> anyhow::Result<Arc<Processor>> {
+    build_processor_as(config, telemetry, Start::Serve).await
+}
+
+/// [`build_processor_with`] for a command (`replay`, `dead-letters
+/// replay`): a store only an operator can fix (a right missing, the schema
+/// older than this build) stops it at once, with the fix, instead of
+/// retrying every delivery.
+pub async fn build_command_processor(
+    config: &Config,
+    telemetry: Option<&Telemetry>,
+) -> anyhow::Result<Arc<Processor>> {
+    build_processor_as(config, telemetry, Start::Command).await
+}
+
+async fn build_processor_as(
+    config: &Config,
+    telemetry: Option<&Telemetry>,
+    start: Start,
 ) -> anyhow::Result<Arc<Processor>> {
     let guard = build_checked_guard(config).await?;
     let store = build_store(config).await?;
@@ -174,6 +208,9 @@ pub async fn build_processor_with(
             let first = tokio::time::timeout(SQLSERVER_MIGRATE_AT_START, store.migrate()).await;
             match first {
                 Ok(Ok(())) => {}
+                Ok(Err(e)) if refuses_start(&e, start) => {
+                    return Err(e).context("the SQL Server store cannot be used");
+                }
                 Ok(Err(e)) => migrate_in_background(Arc::clone(&store), e.to_string()),
                 Err(_) => migrate_in_background(
                     Arc::clone(&store),
@@ -193,6 +230,20 @@ pub async fn build_processor_with(
         t.observe(Arc::clone(&processor) as Arc<dyn crate::telemetry::LoadSource>);
     }
     Ok(processor)
+}
+
+/// Whether a store failure at start stops it: a missing right always (no
+/// retry fixes it, and `serve` would answer `retry` for every order); a
+/// schema older than this build only a command (a running `serve` goes on
+/// answering `retry`, with the fix in its log, and picks up the admin's
+/// `migrate` by itself).
+fn refuses_start(e: &crate::store::StoreError, start: Start) -> bool {
+    use crate::store::StoreError::{Misconfigured, Unmigrated};
+    match e {
+        Misconfigured(_) => true,
+        Unmigrated(_) => start == Start::Command,
+        _ => false,
+    }
 }
 
 /// How long a start waits out a database that is briefly busy or locked
@@ -332,6 +383,11 @@ pub struct ReplaySummary {
     pub unresolved: u64,
     /// Redeliveries made because an answer was `in_progress` or `retry`.
     pub retries: u64,
+    /// Why the replay stopped early: a store failure no retry can fix (a
+    /// right or the schema missing; `Processor::operator_needed`). The
+    /// deliveries it left are counted `unresolved`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 impl std::fmt::Display for ReplaySummary {
@@ -369,7 +425,9 @@ pub fn read_replay_file(path: &Path) -> anyhow::Result<Vec<Value>> {
 
 /// Push deliveries through the processor as Event Grid would: up to
 /// `concurrency` at once, redelivering (with a short back-off) any delivery
-/// answered `in_progress` or `retry`, all-or-none.
+/// answered `in_progress` or `retry`, all-or-none. Stops at the first store
+/// failure no retry can fix (`Processor::operator_needed`): no delivery is
+/// started or redelivered after it, and those left count as unresolved.
 pub async fn replay(
     processor: &Processor,
     deliveries: Vec<Value>,
@@ -379,8 +437,14 @@ pub async fn replay(
         .map(|delivery| async move {
             let mut redeliveries = 0;
             loop {
+                if processor.operator_needed().is_some() {
+                    // Not started: unresolved, like one that kept failing.
+                    return (Vec::new(), redeliveries);
+                }
                 let result = processor.process_trigger(delivery.clone()).await;
-                if !result.needs_redelivery() || redeliveries + 1 >= u64::from(REPLAY_MAX_ATTEMPTS)
+                if !result.needs_redelivery()
+                    || redeliveries + 1 >= u64::from(REPLAY_MAX_ATTEMPTS)
+                    || processor.operator_needed().is_some()
                 {
                     return (result.outcomes, redeliveries);
                 }
@@ -396,7 +460,7 @@ pub async fn replay(
     for (outcomes, redeliveries) in results {
         summary.deliveries += 1;
         summary.retries += redeliveries;
-        if outcomes.iter().any(|o| o.outcome.needs_redelivery()) {
+        if outcomes.is_empty() || outcomes.iter().any(|o| o.outcome.needs_redelivery()) {
             summary.unresolved += 1;
         }
         for o in outcomes {
@@ -410,6 +474,7 @@ pub async fn replay(
             }
         }
     }
+    summary.stopped = processor.operator_needed().map(str::to_string);
     summary
 }
 
@@ -607,7 +672,7 @@ pub async fn dead_letters_replay(
     )?;
     let container = dead_letter_container(config)?;
     let telemetry = start_telemetry(config)?;
-    let processor = build_processor_with(config, telemetry.as_ref()).await?;
+    let processor = build_command_processor(config, telemetry.as_ref()).await?;
     println!(
         "replaying dead letters from {} ({})",
         container.describe(),

@@ -133,13 +133,13 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
         Command::Serve => app::serve(config).await?,
         Command::Migrate => {
             let store = app::build_store(&config).await?;
-            store.migrate().await?;
+            store.upgrade().await?;
             println!("schema is up to date ({})", app::describe(&config));
         }
         Command::Replay { file, concurrency } => {
             let deliveries = app::read_replay_file(&file)?;
             let telemetry = app::start_telemetry(&config)?;
-            let processor = app::build_processor_with(&config, telemetry.as_ref()).await?;
+            let processor = app::build_command_processor(&config, telemetry.as_ref()).await?;
             println!(
                 "replaying {} deliveries from {} ({}, concurrency {concurrency})",
                 deliveries.len(),
@@ -151,6 +151,13 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 t.shutdown().await;
             }
             println!("{summary}");
+            if let Some(why) = &summary.stopped {
+                eprintln!(
+                    "order-guard: replay stopped: {why}; {} deliveries unresolved",
+                    summary.unresolved
+                );
+                return Ok(ExitCode::FAILURE);
+            }
             if summary.unresolved > 0 {
                 eprintln!(
                     "order-guard: {} deliveries still need a retry",

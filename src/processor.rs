@@ -167,6 +167,8 @@ pub struct Processor {
     finished: Option<FinishedOrders>,
     /// Where each event is reported (`None`: telemetry off, nothing timed).
     telemetry: Option<Arc<EventTelemetry>>,
+    /// The first store failure no retry can fix (`StoreError::needs_operator`).
+    operator_needed: std::sync::OnceLock<String>,
 }
 
 /// An order and the event it came in, ready for the four steps.
@@ -192,7 +194,17 @@ impl Processor {
             counters: Counters::default(),
             store_id: tokio::sync::OnceCell::new(),
             telemetry: None,
+            operator_needed: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The first store failure this processor met that no retry can fix
+    /// (a right or the schema missing: `StoreError::needs_operator`), with
+    /// the fix; `None` while there was none. Its events were answered
+    /// `retry` like any store failure (nothing is lost); a command that
+    /// retries by itself (`replay`, the dead-letter sweep) stops on it.
+    pub fn operator_needed(&self) -> Option<&str> {
+        self.operator_needed.get().map(String::as_str)
     }
 
     /// Report every event to `telemetry` (metrics and spans).

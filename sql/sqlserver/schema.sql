@@ -1,11 +1,15 @@
 -- order-guard schema for SQL Server / Azure SQL (version 3).
 --
--- Applied by `order-guard migrate` (and at `serve` start) inside one
--- transaction that first takes an exclusive application lock
--- (sp_getapplock), so two processes migrating at once run one after the
--- other, and checks the version again under the lock. Every batch checks
--- before it creates (the execution procedure, made by `migrate` after these
--- batches, is dropped and created), so running it twice changes nothing.
+-- Applied by `order-guard migrate` (and at every start, bounded) under an
+-- exclusive application lock (sp_getapplock, owned by the session), so two
+-- processes migrating at once run one after the other; the version is
+-- checked again under the lock. The batches before the rewrite marker run
+-- in one transaction, then the execution procedure is created and granted,
+-- then rows an upgrade rewrites are converted in batches that each commit
+-- (src/store/sqlserver/migrate.rs), then the batches after the marker run
+-- in a last transaction that writes the version row. Every batch checks
+-- before it creates (the execution procedure is dropped and created), so
+-- running it twice, or again after a cut, changes nothing done.
 -- Batches are separated by lines holding only GO; each is sent on its own.
 --
 -- Portable T-SQL only (docs/protocol.md 7.4): no MERGE, no CREATE OR ALTER,
@@ -79,27 +83,30 @@ IF OBJECT_ID(N'dbo.Positions', N'U') IS NULL
     );
 GO
 
--- Version 2 → 3: Quantity DECIMAL(38,10) becomes Units DECIMAL(38,0). The
--- column is added NOT NULL with a default (ALTER COLUMN … NOT NULL is not
--- portable), each value then converted exactly through its text (style 0
--- writes all ten decimals: '-12.5000000000' becomes -125000000000), and
--- Quantity dropped in the same transaction, so an instance of an earlier
--- version still running fails on every position statement (and answers
--- retry) instead of writing a column nobody reads. Dynamic SQL: a statement
--- naming a column that is not there does not compile.
-IF NOT EXISTS (SELECT 1 FROM sys.columns
-                WHERE object_id = OBJECT_ID(N'dbo.Positions') AND name = N'Units')
-    ALTER TABLE dbo.Positions
-        ADD Units DECIMAL(38, 0) NOT NULL CONSTRAINT DF_Positions_Units DEFAULT 0;
+-- Version 2 → 3: Quantity DECIMAL(38,10) becomes Units DECIMAL(38,0), in
+-- three steps, so that a table of any size is converted (issue 34). Here,
+-- in the migration's first transaction (cheap: no row is rewritten): Units
+-- is added NULL (NULL means "not converted yet"), and Quantity renamed
+-- QuantityV2, so an instance of an earlier version still running fails on
+-- every position statement (and answers retry) instead of writing a value
+-- the conversion has already read. Then `migrate` converts the rows in
+-- batches that each commit (`sql::CONVERT_POSITIONS`: `WHERE Units IS
+-- NULL`, so a migration cut half-way and run again converts each row once),
+-- and last, in the final transaction with the version row, the batch after
+-- the rewrite marker below makes Units NOT NULL and drops QuantityV2. Until
+-- that row is written no instance of this version uses the table.
+-- Dynamic SQL: a statement naming a column that is not there does not
+-- compile.
+IF EXISTS (SELECT 1 FROM sys.columns
+            WHERE object_id = OBJECT_ID(N'dbo.Positions') AND name = N'Quantity')
+   AND NOT EXISTS (SELECT 1 FROM sys.columns
+                    WHERE object_id = OBJECT_ID(N'dbo.Positions') AND name = N'Units')
+    ALTER TABLE dbo.Positions ADD Units DECIMAL(38, 0) NULL;
 GO
 
 IF EXISTS (SELECT 1 FROM sys.columns
             WHERE object_id = OBJECT_ID(N'dbo.Positions') AND name = N'Quantity')
-BEGIN
-    EXEC sp_executesql N'UPDATE dbo.Positions
-        SET Units = CONVERT(DECIMAL(38, 0), REPLACE(CONVERT(VARCHAR(64), Quantity), ''.'', ''''))';
-    EXEC sp_executesql N'ALTER TABLE dbo.Positions DROP COLUMN Quantity';
-END
+    EXEC sp_rename N'dbo.Positions.Quantity', N'QuantityV2', N'COLUMN';
 GO
 
 IF OBJECT_ID(N'dbo.RejectedEvents', N'U') IS NULL
@@ -144,6 +151,44 @@ GO
 
 IF NOT EXISTS (SELECT 1 FROM dbo.StoreIdentity)
     INSERT INTO dbo.StoreIdentity (Id) VALUES (LOWER(CONVERT(NVARCHAR(36), NEWID())));
+GO
+
+-- The application's rights (issue 33): a role of our own (Babelfish has no
+-- db_datareader / db_datawriter, and those grant no EXECUTE), granted
+-- exactly what `serve`, `replay`, the dead-letter sweep and `status` need;
+-- the app's user is made a member (README step 4). Reads of every table the
+-- store reads; RejectedEvents written by `reject`; Orders and Positions
+-- written only through the execution procedure, whose EXECUTE is granted
+-- where `migrate` creates it (`sql::execute_procedure_batches`), and
+-- directly as well, since an engine may run a procedure with its caller's
+-- rights (Babelfish does). No DELETE, no DDL. GRANT is idempotent.
+-- `sql::APP_RIGHTS` lists the same rights for the check at every start.
+IF DATABASE_PRINCIPAL_ID(N'order_guard_app') IS NULL
+    CREATE ROLE order_guard_app;
+GO
+
+GRANT SELECT ON dbo.SchemaVersion TO order_guard_app;
+GRANT SELECT ON dbo.StoreIdentity TO order_guard_app;
+GRANT SELECT, INSERT, UPDATE ON dbo.Orders TO order_guard_app;
+GRANT SELECT, INSERT, UPDATE ON dbo.Positions TO order_guard_app;
+GRANT SELECT, INSERT, UPDATE ON dbo.RejectedEvents TO order_guard_app;
+GO
+
+-- order-guard: rows are rewritten here
+-- (Everything above runs in the migration's first transaction, then the
+-- execution procedure is created and granted; `migrate` then converts the
+-- positions in batches, each its own transaction; what follows runs in its
+-- last transaction.)
+
+-- Version 2 → 3, last step: every position is converted. Units becomes
+-- NOT NULL by a CHECK constraint (ALTER COLUMN … NOT NULL is not portable),
+-- which is also the check that no row was left: adding it fails on a NULL.
+IF EXISTS (SELECT 1 FROM sys.columns
+            WHERE object_id = OBJECT_ID(N'dbo.Positions') AND name = N'QuantityV2')
+BEGIN
+    EXEC sp_executesql N'ALTER TABLE dbo.Positions ADD CONSTRAINT CK_Positions_Units CHECK (Units IS NOT NULL)';
+    EXEC sp_executesql N'ALTER TABLE dbo.Positions DROP COLUMN QuantityV2';
+END
 GO
 
 -- Version 2: version 1 plus StoreIdentity. Version 3: positions in units

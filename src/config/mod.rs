@@ -250,6 +250,20 @@ impl Config {
                 )?),
                 query_timeout: Duration::from_secs(num("SQL_QUERY_TIMEOUT_SECONDS", 8, 1, 25)?),
                 pool_size: num("SQL_POOL_SIZE", 10, 1, 200)? as u32,
+                // `order-guard migrate` may rewrite every position row of an
+                // old schema: its own bound, far above a query's.
+                migrate_timeout: Duration::from_secs(num(
+                    "SQL_MIGRATE_TIMEOUT_SECONDS",
+                    crate::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT.as_secs(),
+                    1,
+                    7 * 24 * 3600,
+                )?),
+                migrate_batch_rows: num(
+                    "SQL_MIGRATE_BATCH_ROWS",
+                    u64::from(crate::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS),
+                    1,
+                    1_000_000,
+                )? as u32,
             },
             sqlite_busy_timeout: Duration::from_millis(num(
                 "SQLITE_BUSY_TIMEOUT_MS",

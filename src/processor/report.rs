@@ -117,10 +117,15 @@ impl Processor {
 
     /// A failed store call, counted by operation and kind.
     pub(super) fn store_error(&self, operation: &'static str, e: &StoreError) {
+        if e.needs_operator() {
+            let _ = self.operator_needed.set(e.to_string());
+        }
         if let Some(t) = &self.telemetry {
             let kind = match e {
                 StoreError::Transient(_) => "transient",
                 StoreError::Permanent(_) => "permanent",
+                StoreError::Misconfigured(_) => "misconfigured",
+                StoreError::Unmigrated(_) => "unmigrated",
             };
             t.store_error(operation, kind);
         }

@@ -251,6 +251,28 @@ pub enum StoreError {
     /// Retrying the same call will not help until someone fixes something.
     #[error("store failure: {0}")]
     Permanent(String),
+    /// The deployment is wrong: the database user lacks a right order-guard
+    /// needs, or the schema's objects are not there. No call of any order
+    /// can succeed until an operator acts; the message names what is
+    /// missing and the fix. A start refuses to go on.
+    #[error("store misconfigured: {0}")]
+    Misconfigured(String),
+    /// The schema is older than this build and the database user may not
+    /// upgrade it: the database admin's `order-guard migrate` fixes it (the
+    /// message says so), and a running `serve` picks that up by itself.
+    #[error("store schema not migrated: {0}")]
+    Unmigrated(String),
+}
+
+impl StoreError {
+    /// No retry can fix this until an operator acts (a right or the schema
+    /// missing): a command stops at once instead of retrying.
+    pub fn needs_operator(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Misconfigured(_) | StoreError::Unmigrated(_)
+        )
+    }
 }
 
 /// The store's operations; see the module documentation for the protocol.
@@ -259,8 +281,16 @@ pub trait OrderStore: Send + Sync {
     /// `"sqlite"` or `"sqlserver"`, for logs.
     fn name(&self) -> &'static str;
 
-    /// Create or upgrade the schema; idempotent and safe to run concurrently.
+    /// Create or upgrade the schema and check this process may use it (its
+    /// rights); idempotent and safe to run concurrently. What every start
+    /// runs, bounded as a start must be.
     async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// `order-guard migrate`: [`OrderStore::migrate`] however long the
+    /// upgrade takes (a store may bound it by a setting of its own).
+    async fn upgrade(&self) -> Result<(), StoreError> {
+        self.migrate().await
+    }
 
     /// This database's identity ([`bound_identity`]): made once with the
     /// schema and bound to where the database lives, so an in-place restore

@@ -648,21 +648,108 @@ pub fn mssql_settings(query_timeout: Duration) -> order_guard::store::sqlserver:
         connect_timeout: Duration::from_secs(10),
         query_timeout,
         pool_size: 20,
+        migrate_timeout: order_guard::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT,
+        migrate_batch_rows: order_guard::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS,
     }
 }
 
-/// A migrated SQL Server store on `cs`.
+/// A migrated SQL Server store on `cs`, used as it is deployed (README
+/// step 4): `cs` (the owner) runs `migrate`, and the store logs in as the
+/// app, a login whose database user has only the role `order_guard_app`
+/// ([`mssql_app_connection_string`]).
 pub async fn mssql_store(
     cs: &str,
     query_timeout: Duration,
 ) -> Arc<order_guard::store::SqlServerStore> {
-    let store = order_guard::store::SqlServerStore::connect(cs, &mssql_settings(query_timeout))
+    let app = mssql_app_connection_string(cs).await;
+    let store = order_guard::store::SqlServerStore::connect(&app, &mssql_settings(query_timeout))
         .expect("ORDER_GUARD_TEST_MSSQL is not a usable connection string");
     store
         .migrate()
         .await
-        .expect("cannot migrate the SQL Server named by ORDER_GUARD_TEST_MSSQL");
+        .expect("the app's login cannot use the SQL Server named by ORDER_GUARD_TEST_MSSQL");
     Arc::new(store)
+}
+
+/// The password of the tests' least-privileged logins (a test server's).
+pub const MSSQL_APP_PASSWORD: &str = "OgApp!Test-Pass1";
+
+/// `cs`'s database name (`Initial Catalog` or `Database`).
+pub fn mssql_database_of(cs: &str) -> String {
+    cs.split(';')
+        .find_map(|p| {
+            let (k, v) = p.split_once('=')?;
+            matches!(
+                k.trim().to_ascii_lowercase().as_str(),
+                "initial catalog" | "database"
+            )
+            .then(|| v.trim().to_string())
+        })
+        .expect("an Initial Catalog in the connection string")
+}
+
+/// `cs` logged in as `login` with [`MSSQL_APP_PASSWORD`].
+pub fn mssql_as_login(cs: &str, login: &str) -> String {
+    ado_without(
+        cs,
+        &["user id", "uid", "user", "password", "pwd"],
+        &format!("User ID={login};Password={MSSQL_APP_PASSWORD}"),
+    )
+}
+
+/// A login of the tests' own for `cs`'s database and a user `user` for it
+/// there (`CREATE LOGIN` is server-wide: named after the database), made
+/// once; `roles` it is made a member of. Its connection string.
+pub async fn mssql_login(cs: &str, user: &str, roles: &[&str]) -> String {
+    let database = mssql_database_of(cs);
+    let login = format!("{user}_{database}");
+    let mut owner = mssql_raw_client(cs).await;
+    let mut batch = format!(
+        "IF NOT EXISTS (SELECT 1 FROM sys.server_principals WHERE name = N'{login}') \
+         CREATE LOGIN [{login}] WITH PASSWORD = '{MSSQL_APP_PASSWORD}';\n\
+         IF DATABASE_PRINCIPAL_ID(N'{user}') IS NULL CREATE USER [{user}] FOR LOGIN [{login}];\n"
+    );
+    for role in roles {
+        batch.push_str(&format!("ALTER ROLE {role} ADD MEMBER [{user}];\n"));
+    }
+    let made = async {
+        owner
+            .simple_query(batch.as_str())
+            .await?
+            .into_results()
+            .await
+    };
+    made.await
+        .unwrap_or_else(|e| panic!("cannot make the login {login} and its user: {e}\n{batch}"));
+    mssql_as_login(cs, &login)
+}
+
+/// The connection string of the app as README step 4 deploys it, on `cs`'s
+/// database: migrated first as `cs` (the owner, as `order-guard migrate`
+/// does), then a login whose user is only a member of `order_guard_app`.
+/// Made once per database and test process.
+pub async fn mssql_app_connection_string(cs: &str) -> String {
+    static DONE: tokio::sync::Mutex<Vec<(String, String)>> =
+        tokio::sync::Mutex::const_new(Vec::new());
+    let mut done = DONE.lock().await;
+    if let Some((_, app)) = done.iter().find(|(owner, _)| owner == cs) {
+        return app.clone();
+    }
+    let owner =
+        order_guard::store::SqlServerStore::connect(cs, &mssql_settings(Duration::from_secs(30)))
+            .expect("ORDER_GUARD_TEST_MSSQL is not a usable connection string");
+    owner
+        .upgrade()
+        .await
+        .expect("cannot migrate the SQL Server named by ORDER_GUARD_TEST_MSSQL");
+    let app = mssql_login(
+        cs,
+        "og_app",
+        &[order_guard::store::sqlserver::sql::APP_ROLE],
+    )
+    .await;
+    done.push((cs.to_string(), app.clone()));
+    app
 }
 
 /// A plain connection of the test's own on `cs`, outside any store (to hold

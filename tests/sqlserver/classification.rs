@@ -43,13 +43,39 @@ async fn other_server_errors_are_permanent_with_the_server_text() {
     for (number, text) in [
         (18456, "Login failed for user 'app'."),
         (40544, "The database has reached its size quota."),
-        (208, "Invalid object name 'dbo.Orders'."),
         (33557097, "feature not supported by this engine"),
     ] {
         let e = server_error(number, text).await;
         match classify::classify("accept", &e) {
             StoreError::Permanent(m) => {
                 assert!(m.contains(&number.to_string()) && m.contains(text), "{m}")
+            }
+            other => panic!("{number} classified as {other:?}"),
+        }
+    }
+}
+
+/// Issue 33: a right or an object of the schema missing is no transient
+/// failure (retrying fixes nothing) but a deployment fault whose message
+/// says the fix, as SQL Server numbers it and as Babelfish words it.
+#[tokio::test]
+async fn permission_denied_and_missing_objects_are_misconfigurations_with_the_fix() {
+    for (number, text, fix) in [
+        (229, "The EXECUTE permission was denied on the object 'OrderGuard_Execute_v1', database 'orders', schema 'dbo'.", "ALTER ROLE order_guard_app ADD MEMBER"),
+        (262, "CREATE TABLE permission denied in database 'orders'.", "ALTER ROLE order_guard_app ADD MEMBER"),
+        (33557097, "permission denied for procedure orderguard_execute_v1", "ALTER ROLE order_guard_app ADD MEMBER"),
+        (33557097, "permission denied for table rejectedevents", "ALTER ROLE order_guard_app ADD MEMBER"),
+        (208, "Invalid object name 'dbo.Orders'.", "run `order-guard migrate` as the database admin"),
+        (33557097, "relation \"orders_dbo.orders\" does not exist", "run `order-guard migrate` as the database admin"),
+    ] {
+        let e = server_error(number, text).await;
+        let classified = classify::classify("execute", &e);
+        assert!(classified.needs_operator(), "{classified:?}");
+        match classified {
+            StoreError::Misconfigured(m) => {
+                assert!(m.contains(&number.to_string()) && m.contains(text), "{m}");
+                assert!(m.contains(fix), "{m}");
+                assert!(m.contains("README step 4"), "{m}");
             }
             other => panic!("{number} classified as {other:?}"),
         }

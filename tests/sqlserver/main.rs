@@ -210,6 +210,8 @@ fn settings(connect_secs: u64) -> SqlServerSettings {
         connect_timeout: Duration::from_secs(connect_secs),
         query_timeout: Duration::from_secs(2),
         pool_size: 2,
+        migrate_timeout: order_guard::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT,
+        migrate_batch_rows: order_guard::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS,
     }
 }
 

@@ -52,6 +52,8 @@ async fn logins_are_paced_whatever_the_number_of_waiting_callers() {
             connect_timeout: Duration::from_secs(1),
             query_timeout: Duration::from_secs(2),
             pool_size: 8,
+            migrate_timeout: order_guard::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT,
+            migrate_batch_rows: order_guard::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS,
         },
     )
     .unwrap();

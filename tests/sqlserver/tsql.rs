@@ -40,8 +40,15 @@ fn every_statement_parses_as_tsql() {
 /// T-SQL engine in every CI run. Here only what can be read off the text.
 #[test]
 fn the_batches_keep_their_shape() {
-    assert_eq!(sql::BATCHES, [sql::EXECUTE_ORDER_BODY, sql::REJECT]);
-    for batch in sql::BATCHES {
+    assert_eq!(
+        sql::BATCHES,
+        [sql::EXECUTE_ORDER_BODY, sql::REJECT, sql::LOCK_SCHEMA]
+    );
+    // The lock's result is read, never ignored (issue 34).
+    assert!(sql::LOCK_SCHEMA.contains("EXEC @Result = sp_getapplock"));
+    assert!(sql::LOCK_SCHEMA.ends_with("SELECT @Result AS Result"));
+    assert!(sql::LOCK_SCHEMA.contains("@LockOwner = N'Session'"));
+    for batch in &sql::BATCHES[..2] {
         assert!(batch.starts_with("SET NOCOUNT ON;"), "{batch}");
         assert_eq!(
             batch.matches("BEGIN TRY").count(),
@@ -128,18 +135,41 @@ fn the_execution_batch_adds_positions_without_rounding_by_sql_servers_rules() {
 fn every_schema_batch_parses_as_tsql() {
     let batches = sql::schema_batches();
     // SchemaVersion, Orders, its unique index, Positions, its Units column
-    // and the conversion from version 2, RejectedEvents, two indexes,
-    // StoreIdentity and its row, the execution procedure (dropped if there,
-    // created), the version row: a GO lost or added shows here.
-    assert_eq!(batches.len(), 14, "{batches:#?}");
+    // and the old column renamed (version 2 → 3), RejectedEvents, two
+    // indexes, StoreIdentity and its row, the app's role and its grants,
+    // the execution procedure (dropped if there, created, granted); after
+    // the rows are converted, Units made NOT NULL and the old column
+    // dropped, the version row: a GO lost or added shows here.
+    assert_eq!(batches.len(), 18, "{batches:#?}");
+    let migration = sql::migration();
+    assert_eq!(migration.setup.len(), 16);
+    assert_eq!(
+        migration.finish.len(),
+        2,
+        "the last transaction: {:#?}",
+        migration.finish
+    );
     assert!(
-        batches[13].contains("INSERT INTO dbo.SchemaVersion"),
+        batches[17].contains("INSERT INTO dbo.SchemaVersion"),
         "the version row is last"
     );
+    assert!(batches[16].contains("DROP COLUMN QuantityV2"));
     let procedure = sql::execute_procedure_batches();
     assert_eq!(
-        [&*batches[11], &*batches[12]],
-        [procedure[0].as_str(), procedure[1].as_str()]
+        [&*batches[13], &*batches[14], &*batches[15]],
+        [
+            procedure[0].as_str(),
+            procedure[1].as_str(),
+            procedure[2].as_str()
+        ]
+    );
+    assert_eq!(
+        procedure[2],
+        format!(
+            "GRANT EXECUTE ON {} TO {}",
+            sql::EXECUTE_PROCEDURE,
+            sql::APP_ROLE
+        )
     );
     assert!(procedure[1].starts_with(&format!("CREATE PROCEDURE {}", sql::EXECUTE_PROCEDURE)));
     assert!(procedure[1].contains(sql::EXECUTE_ORDER_BODY));
@@ -150,9 +180,15 @@ fn every_schema_batch_parses_as_tsql() {
     }
     for (i, batch) in batches.iter().enumerate() {
         // The procedure's body is the execution batch: checked on the
-        // engine (see `the_batches_keep_their_shape`).
-        if i != 12 {
-            parse_as(&format!("schema batch {i}"), batch, 1);
+        // engine (see `the_batches_keep_their_shape`). The grants are one
+        // statement a line.
+        let statements = if batch.starts_with("GRANT ") {
+            batch.lines().count()
+        } else {
+            1
+        };
+        if i != 14 {
+            parse_as(&format!("schema batch {i}"), batch, statements);
         }
     }
     let schema = sql::SCHEMA.to_ascii_uppercase();

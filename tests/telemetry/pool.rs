@@ -28,6 +28,8 @@ async fn the_pools_logins_in_flight_are_a_gauge_by_state() {
             connect_timeout: Duration::from_secs(1),
             query_timeout: Duration::from_secs(2),
             pool_size: 4,
+            migrate_timeout: order_guard::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT,
+            migrate_batch_rows: order_guard::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS,
         },
     )
     .unwrap();

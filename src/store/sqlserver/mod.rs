@@ -16,7 +16,9 @@
 
 pub mod classify;
 pub mod connstr;
+pub mod migrate;
 pub mod pool;
+pub mod rights;
 pub mod sql;
 
 use std::str::FromStr;
@@ -59,7 +61,17 @@ pub struct SqlServerSettings {
     pub query_timeout: Duration,
     /// Most connections open at once (SQL_POOL_SIZE).
     pub pool_size: u32,
+    /// `order-guard migrate`, all of it (SQL_MIGRATE_TIMEOUT_SECONDS); a
+    /// start's migration has 3 × `query_timeout`.
+    pub migrate_timeout: Duration,
+    /// Rows a migration rewrites per transaction (SQL_MIGRATE_BATCH_ROWS).
+    pub migrate_batch_rows: u32,
 }
+
+/// [`SqlServerSettings::migrate_timeout`] unless set: an hour.
+pub const DEFAULT_MIGRATE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// [`SqlServerSettings::migrate_batch_rows`] unless set.
+pub const DEFAULT_MIGRATE_BATCH_ROWS: u32 = 10_000;
 
 /// SQL Server-backed store.
 ///
@@ -77,6 +89,8 @@ pub struct SqlServerStore {
     query_timeout: Duration,
     /// SQL_POOL_SIZE: how many stale pooled connections a call may skip.
     pool_size: u32,
+    migrate_timeout: Duration,
+    migrate_batch_rows: u32,
 }
 
 /// Run `$body` (an expression using `$client: &mut Client`) on a pooled
@@ -187,7 +201,68 @@ impl SqlServerStore {
             connect_timeout: settings.connect_timeout,
             query_timeout: settings.query_timeout,
             pool_size: settings.pool_size.max(1),
+            migrate_timeout: settings.migrate_timeout,
+            migrate_batch_rows: settings.migrate_batch_rows.max(1),
         }
+    }
+
+    /// Migrate within `bound` (the server waits at most three quarters of
+    /// it for another process's migration lock), then check this user's
+    /// rights; open the schema gate only when both succeed. `hint` says
+    /// what to do when the bound passes first.
+    async fn migrate_within(&self, bound: Duration, hint: &str) -> Result<(), StoreError> {
+        let bounds = migrate::Bounds {
+            lock_wait: bound * 3 / 4,
+            batch_rows: self.migrate_batch_rows,
+        };
+        let done = with_client!(self, "migrate", bound, |client| migrate::migrate_on(
+            client, &bounds
+        ));
+        match done {
+            Ok(migrate::Migrated::LockRefused(result)) => {
+                return Err(StoreError::Transient(migrate::lock_refused(
+                    result,
+                    bounds.lock_wait,
+                )))
+            }
+            Ok(migrate::Migrated::Done { converted }) => log::info!(
+                "SQL Server schema migrated to version {}{}",
+                sql::SCHEMA_VERSION,
+                if converted > 0 {
+                    format!(" ({converted} positions converted)")
+                } else {
+                    String::new()
+                }
+            ),
+            Ok(migrate::Migrated::Current) => {}
+            Err(e) if e == classify::query_timeout("migrate", bound) => {
+                return Err(StoreError::Transient(format!(
+                    "migrate: the schema's migration did not finish within {} s; what it \
+                     committed is kept and the next run resumes from there: {hint}",
+                    bound.as_secs_f64()
+                )))
+            }
+            Err(failure @ StoreError::Misconfigured(_)) => {
+                // This user may not migrate: say whether the schema is
+                // older than this build or hidden from it (rights missing).
+                let diagnosis = with_client!(self, "migrate", self.query_timeout, |client| {
+                    migrate::diagnose_on(client)
+                });
+                return Err(match diagnosis {
+                    Ok(d) => migrate::verdict(&d, &failure),
+                    Err(_) => failure,
+                });
+            }
+            Err(e) => return Err(e),
+        }
+        let rights = with_client!(self, "check rights", self.query_timeout, |client| {
+            rights::check_on(client)
+        })?;
+        if let Some(refusal) = rights::refusal(&rights) {
+            return Err(StoreError::Misconfigured(refusal));
+        }
+        self.schema_verified.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// The schema gate: `Err(retry)` until `migrate` has succeeded.
@@ -559,35 +634,6 @@ fn execute_batch() -> Result<ExecuteBatch, SqlError> {
     })
 }
 
-/// Is this build's schema version's row there ([`sql::SCHEMA_IS_CURRENT`])?
-async fn schema_is_current(client: &mut Client) -> Result<bool, SqlError> {
-    let current = client
-        .query(sql::SCHEMA_IS_CURRENT, &[&sql::SCHEMA_VERSION])
-        .await?
-        .into_row()
-        .await?
-        .and_then(|r| r.get::<i32, _>(0));
-    Ok(current.unwrap_or(0) > 0)
-}
-
-async fn migrate_on(client: &mut Client) -> Result<(), SqlError> {
-    if schema_is_current(client).await? {
-        return Ok(());
-    }
-    run(client, sql::BEGIN).await?;
-    run(client, sql::LOCK_SCHEMA).await?;
-    // Another process may have migrated while this one waited for the lock
-    // (under RCSI the first check could not see its uncommitted row): do
-    // nothing then, rather than drop and create the procedure it serves with.
-    if schema_is_current(client).await? {
-        return end_transaction(client, sql::COMMIT_AND_COUNT).await;
-    }
-    for batch in sql::schema_batches() {
-        run(client, &batch).await?;
-    }
-    end_transaction(client, sql::COMMIT_AND_COUNT).await
-}
-
 /// `reject` in one round trip ([`sql::REJECT`]).
 async fn store_rejection(client: &mut Client, r: &Rejection) -> Result<(), SqlError> {
     let hash = r.event_hash();
@@ -694,11 +740,21 @@ impl OrderStore for SqlServerStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        // Waiting for another process's migration counts against the bound.
-        let bound = self.query_timeout * 3;
-        with_client!(self, "migrate", bound, |client| migrate_on(client))?;
-        self.schema_verified.store(true, Ordering::Release);
-        Ok(())
+        // A start's bound: waiting for another process's migration counts.
+        self.migrate_within(
+            self.query_timeout * 3,
+            "run `order-guard migrate` as the database admin (its bound is \
+             SQL_MIGRATE_TIMEOUT_SECONDS; a start's is 3 × SQL_QUERY_TIMEOUT_SECONDS)",
+        )
+        .await
+    }
+
+    async fn upgrade(&self) -> Result<(), StoreError> {
+        self.migrate_within(
+            self.migrate_timeout,
+            "run `order-guard migrate` again, or raise SQL_MIGRATE_TIMEOUT_SECONDS",
+        )
+        .await
     }
 
     async fn identity(&self) -> Result<String, StoreError> {

@@ -32,23 +32,58 @@ use std::borrow::Cow;
 /// The schema, idempotent, batches separated by lines holding only `GO`.
 pub const SCHEMA: &str = include_str!("../../../sql/sqlserver/schema.sql");
 
-/// The schema split into the batches sent one by one during `migrate`: the
-/// text between `GO` lines, without empty or comment-only batches, and,
-/// before the last one (the version row), the execution procedure dropped
-/// if there and created ([`execute_procedure_batches`]).
+/// The line of [`SCHEMA`] where `migrate` converts rows in batches
+/// ([`CONVERT_POSITIONS`]): the batches before it run in the migration's
+/// first transaction, those after it in its last one, with the version row.
+pub const REWRITE_MARKER: &str = "-- order-guard: rows are rewritten here";
+
+/// The batches of one migration, in the order they are sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migration {
+    /// The first transaction: the cheap schema changes, the role and its
+    /// grants, then the execution procedure dropped if there, created and
+    /// granted ([`execute_procedure_batches`]).
+    pub setup: Vec<Cow<'static, str>>,
+    /// The last transaction, after every row is converted: the batches
+    /// after [`REWRITE_MARKER`], the version row last.
+    pub finish: Vec<Cow<'static, str>>,
+}
+
+/// [`SCHEMA`] as [`Migration`]: the text between `GO` lines, without empty
+/// or comment-only batches, split at [`REWRITE_MARKER`].
+pub fn migration() -> Migration {
+    let (before, after) = SCHEMA
+        .split_once(REWRITE_MARKER)
+        .expect("schema.sql holds the rewrite marker");
+    let mut setup = batches_of(before);
+    setup.extend(execute_procedure_batches().map(Cow::Owned));
+    Migration {
+        setup,
+        finish: batches_of(after),
+    }
+}
+
+/// Every batch `migrate` may send from the schema, in order (the parse
+/// check in `tests/sqlserver.rs`).
 pub fn schema_batches() -> Vec<Cow<'static, str>> {
+    let Migration { mut setup, finish } = migration();
+    setup.extend(finish);
+    setup
+}
+
+fn batches_of(text: &'static str) -> Vec<Cow<'static, str>> {
     let mut batches = Vec::new();
     let mut start = 0;
     let mut offset = 0;
-    for line in SCHEMA.split_inclusive('\n') {
+    for line in text.split_inclusive('\n') {
         if line.trim().eq_ignore_ascii_case("GO") {
-            batches.push(&SCHEMA[start..offset]);
+            batches.push(&text[start..offset]);
             start = offset + line.len();
         }
         offset += line.len();
     }
-    batches.push(&SCHEMA[start..]);
-    let mut batches: Vec<Cow<'static, str>> = batches
+    batches.push(&text[start..]);
+    batches
         .into_iter()
         .map(str::trim)
         .filter(|b| {
@@ -56,11 +91,7 @@ pub fn schema_batches() -> Vec<Cow<'static, str>> {
                 .any(|l| !l.trim().is_empty() && !l.trim().starts_with("--"))
         })
         .map(Cow::Borrowed)
-        .collect();
-    let version = batches.pop();
-    batches.extend(execute_procedure_batches().map(Cow::Owned));
-    batches.extend(version);
-    batches
+        .collect()
 }
 
 /// The procedure `execute` calls ([`EXECUTE_ORDER`]), holding
@@ -81,10 +112,11 @@ const EXECUTE_PARAMETERS: &str = "@P1 NVARCHAR(128), @P2 NVARCHAR(128), @P3 NVAR
      @P12 NVARCHAR(128), @P13 NVARCHAR(MAX), @P14 NVARCHAR(MAX), @P15 DECIMAL(38, 0), \
      @P16 NVARCHAR(64), @P17 NVARCHAR(64), @P18 NVARCHAR(MAX), @P19 NVARCHAR(MAX), @P20 INT";
 
-/// Drop (when `migrate` runs again on a partly migrated database) and
-/// create [`EXECUTE_PROCEDURE`]; `CREATE PROCEDURE` must open its batch, and
+/// Drop (when `migrate` runs again on a partly migrated database), create
+/// [`EXECUTE_PROCEDURE`] and grant it to [`APP_ROLE`] (a dropped procedure
+/// takes its grants with it); `CREATE PROCEDURE` must open its batch, and
 /// `CREATE OR ALTER` is not portable.
-pub fn execute_procedure_batches() -> [String; 2] {
+pub fn execute_procedure_batches() -> [String; 3] {
     [
         format!(
             "IF OBJECT_ID(N'{EXECUTE_PROCEDURE}', N'P') IS NOT NULL DROP PROCEDURE {EXECUTE_PROCEDURE}"
@@ -92,6 +124,7 @@ pub fn execute_procedure_batches() -> [String; 2] {
         format!(
             "CREATE PROCEDURE {EXECUTE_PROCEDURE} {EXECUTE_PARAMETERS}\nAS\nBEGIN\n{EXECUTE_ORDER_BODY}\nEND"
         ),
+        format!("GRANT EXECUTE ON {EXECUTE_PROCEDURE} TO {APP_ROLE}"),
     ]
 }
 
@@ -120,26 +153,105 @@ pub const EXECUTE_ORDER: &str = concat!(
      @P16, @P17, @P18, @P19, @P20"
 );
 
-/// Serializes `migrate` across processes: an exclusive application lock owned
-/// by the migration's transaction, released by its COMMIT or ROLLBACK. It
-/// waits without a server-side limit (`-1`); the client's query timeout
-/// bounds the wait and closes the connection, which releases everything.
-pub const LOCK_SCHEMA: &str = "EXEC sp_getapplock @Resource = N'order-guard:schema', \
-     @LockMode = N'Exclusive', @LockOwner = N'Transaction', @LockTimeout = -1";
+/// Serializes `migrate` across processes: an exclusive application lock
+/// owned by the session (a migration spans several transactions: the
+/// schema changes, the row batches, the version row), released by
+/// [`UNLOCK_SCHEMA`] or by the session's end (a discarded connection).
+/// P1 how long the server may wait for it, in ms. Answers
+/// `sp_getapplock`'s result: 0 or 1 granted, below 0 refused (-1 timed
+/// out, -2 cancelled, -3 deadlock victim, -999 invalid call), never ignored
+/// (`migrate::lock_refused`).
+pub const LOCK_SCHEMA: &str = "DECLARE @Result INT; \
+     EXEC @Result = sp_getapplock @Resource = N'order-guard:schema', @LockMode = N'Exclusive', \
+     @LockOwner = N'Session', @LockTimeout = @P1; \
+     SELECT @Result AS Result";
+
+/// Releases [`LOCK_SCHEMA`] once the migration is over.
+pub const UNLOCK_SCHEMA: &str =
+    "EXEC sp_releaseapplock @Resource = N'order-guard:schema', @LockOwner = N'Session'";
 
 /// The schema version this build writes (the last batch of [`SCHEMA`]).
 pub const SCHEMA_VERSION: i32 = 3;
 
-/// `migrate`'s fast path, one round trip without locks: 1 when the current
-/// version's row is there (written last, in the migration's transaction, so
-/// everything before it is there too). A start, a restart or a scale-out
-/// then costs one query instead of queueing on the migration's lock.
-/// P1 the version.
-pub const SCHEMA_IS_CURRENT: &str = "IF OBJECT_ID(N'dbo.SchemaVersion', N'U') IS NULL \
-     SELECT 0 AS IsCurrent \
-     ELSE SELECT COUNT(*) AS IsCurrent FROM dbo.SchemaVersion WHERE Version = @P1";
+/// `migrate`'s fast path, one round trip without locks: whether the
+/// current version's row is there (written last, in the migration's last
+/// transaction, so everything before it is there too), and the highest
+/// version this user sees (0: none, or SchemaVersion not visible to it).
+/// A start, a restart or a scale-out then costs one query instead of
+/// queueing on the migration's lock. P1 the version.
+pub const SCHEMA_STATE: &str = "IF OBJECT_ID(N'dbo.SchemaVersion', N'U') IS NULL \
+     SELECT 0 AS IsCurrent, 0 AS Version \
+     ELSE SELECT (SELECT COUNT(*) FROM dbo.SchemaVersion WHERE Version = @P1) AS IsCurrent, \
+     (SELECT ISNULL(MAX(Version), 0) FROM dbo.SchemaVersion) AS Version";
 
-/// Starts the explicit transaction of `migrate` (sent as a
+/// One batch of the version 2 → 3 conversion of positions, its own
+/// transaction (autocommit): at most P1 rows not converted yet (`Units IS
+/// NULL`) get their exact value in units, read through the text of the
+/// version-2 value (style 0 writes all ten decimals: `-12.5000000000`
+/// becomes `-125000000000`). A row is converted once: it leaves the
+/// `WHERE` as it is written. Answers how many rows it converted (0: done).
+/// (`UPDATE TOP` would do, but the parse check's dialect does not take it.)
+pub const CONVERT_POSITIONS: &str = "UPDATE p \
+     SET Units = CONVERT(DECIMAL(38, 0), REPLACE(CONVERT(VARCHAR(64), p.QuantityV2), '.', '')) \
+     FROM dbo.Positions AS p \
+     JOIN (SELECT TOP (@P1) AccountId, Symbol FROM dbo.Positions WHERE Units IS NULL) AS b \
+     ON b.AccountId = p.AccountId AND b.Symbol = p.Symbol \
+     WHERE p.Units IS NULL; \
+     SELECT @@ROWCOUNT AS Converted";
+
+/// Does the version-2 column wait for [`CONVERT_POSITIONS`]? (1: yes.)
+pub const POSITIONS_TO_CONVERT: &str = "SELECT COUNT(*) AS Pending FROM sys.columns \
+     WHERE object_id = OBJECT_ID(N'dbo.Positions') AND name = N'QuantityV2'";
+
+/// The role `migrate` makes and grants [`APP_RIGHTS`] to; the app's
+/// database user is made a member of it (README step 4).
+pub const APP_ROLE: &str = "order_guard_app";
+
+/// Every right `serve`, `replay`, the dead-letter sweep and `status` use,
+/// as (right, object): the statements of this file, read one by one. The
+/// grants are in `schema.sql` (and [`execute_procedure_batches`]); a test
+/// checks the two lists agree.
+pub const APP_RIGHTS: &[(&str, &str)] = &[
+    ("EXECUTE", EXECUTE_PROCEDURE),
+    ("SELECT", "dbo.SchemaVersion"),
+    ("SELECT", "dbo.StoreIdentity"),
+    ("SELECT", "dbo.Orders"),
+    ("INSERT", "dbo.Orders"),
+    ("UPDATE", "dbo.Orders"),
+    ("SELECT", "dbo.Positions"),
+    ("INSERT", "dbo.Positions"),
+    ("UPDATE", "dbo.Positions"),
+    ("SELECT", "dbo.RejectedEvents"),
+    ("INSERT", "dbo.RejectedEvents"),
+    ("UPDATE", "dbo.RejectedEvents"),
+];
+
+/// The connected user's name and each right of [`APP_RIGHTS`] it lacks,
+/// in one round trip: one row per missing right, or one row with NULL
+/// right and object when none is missing. Run at every start once the
+/// schema is current (`rights.rs`).
+pub const MISSING_RIGHTS: &str = concat!(
+    "SELECT CONVERT(NVARCHAR(256), USER_NAME()) AS UserName, r.RightName, r.ObjectName ",
+    "FROM (SELECT 1 AS One) AS u LEFT JOIN (VALUES ",
+    "(N'EXECUTE', N'",
+    execute_procedure!(),
+    "'), ",
+    "(N'SELECT', N'dbo.SchemaVersion'), (N'SELECT', N'dbo.StoreIdentity'), ",
+    "(N'SELECT', N'dbo.Orders'), (N'INSERT', N'dbo.Orders'), (N'UPDATE', N'dbo.Orders'), ",
+    "(N'SELECT', N'dbo.Positions'), (N'INSERT', N'dbo.Positions'), (N'UPDATE', N'dbo.Positions'), ",
+    "(N'SELECT', N'dbo.RejectedEvents'), (N'INSERT', N'dbo.RejectedEvents'), ",
+    "(N'UPDATE', N'dbo.RejectedEvents')",
+    ") AS r (RightName, ObjectName) ",
+    "ON ISNULL(HAS_PERMS_BY_NAME(r.ObjectName, N'OBJECT', r.RightName), 0) = 0"
+);
+
+/// After a migration this user may not run: can it read the schema's
+/// version table at all? (An error saying permission denied: the schema is
+/// there and the user lacks its rights; saying no such object: there is
+/// no schema yet.)
+pub const PROBE_SCHEMA_VERSION: &str = "SELECT TOP (0) Version FROM dbo.SchemaVersion";
+
+/// Starts each explicit transaction of `migrate` (sent as a
 /// plain batch so the transaction outlives it; later RPCs carry its
 /// descriptor).
 pub const BEGIN: &str = "BEGIN TRANSACTION";
@@ -402,8 +514,12 @@ pub const FAULT_FAILING_COMMIT: &str = "SELECT 1 / 0 AS FaultInjectedInsteadOfCo
 pub const ALL: &[&str] = &[
     EXECUTE_ORDER,
     WARM_EXECUTE,
-    SCHEMA_IS_CURRENT,
-    LOCK_SCHEMA,
+    SCHEMA_STATE,
+    UNLOCK_SCHEMA,
+    CONVERT_POSITIONS,
+    POSITIONS_TO_CONVERT,
+    MISSING_RIGHTS,
+    PROBE_SCHEMA_VERSION,
     BEGIN,
     COMMIT_AND_COUNT,
     SESSION_COUNT_ROWS,
@@ -423,4 +539,6 @@ pub const ALL: &[&str] = &[
 /// so the engine tests (`tests/store_conformance.rs`,
 /// `tests/sqlserver_engine.rs` on the T-SQL engine in CI) are their check,
 /// each path of them run there.
-pub const BATCHES: &[&str] = &[EXECUTE_ORDER_BODY, REJECT];
+/// [`LOCK_SCHEMA`] too: the parser does not take `EXEC @Result = …`; it
+/// runs on the engine at every migration.
+pub const BATCHES: &[&str] = &[EXECUTE_ORDER_BODY, REJECT, LOCK_SCHEMA];

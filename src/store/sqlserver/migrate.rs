@@ -1,0 +1,322 @@
+//! `migrate` on SQL Server: create or upgrade the schema, serialized
+//! across processes, finishing however large the tables are (issue 34).
+//!
+//! One migration, under an exclusive application lock owned by the session
+//! (`sql::LOCK_SCHEMA`; its result is checked, never ignored):
+//! 1. the first transaction: every cheap change (tables, indexes, columns
+//!    added, the version-2 column renamed so earlier versions stop writing
+//!    it, the role and its grants, the execution procedure re-created and
+//!    granted);
+//! 2. the row rewrite, in batches of `batch_rows` that each commit
+//!    (`sql::CONVERT_POSITIONS`, `WHERE Units IS NULL`): a migration cut
+//!    anywhere (a timeout, a killed process, a lost connection) keeps the
+//!    batches it committed, and the next one goes on from there, converting
+//!    each row once;
+//! 3. the last transaction: what needs every row converted, then the
+//!    version row. Until that row is there no instance of this version uses
+//!    the schema (the fast path below, and the store's schema gate), so no
+//!    reader sees a half-converted table as current.
+//!
+//! The fast path first: one query without locks (`sql::SCHEMA_STATE`), so
+//! a start, a restart or a scale-out costs one round trip.
+
+use std::time::{Duration, Instant};
+
+use tiberius::error::Error as SqlError;
+
+use super::pool::Client;
+use super::rights::{self, Rights};
+use super::{classify, end_transaction, run, sql};
+use crate::store::StoreError;
+
+/// How one migration is bounded (its overall time is the caller's).
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// How long the server may wait for another process's migration lock.
+    pub lock_wait: Duration,
+    /// Rows converted per batch (each its own transaction).
+    pub batch_rows: u32,
+}
+
+/// What a migration did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Migrated {
+    /// The schema was current (nothing sent but the check).
+    Current,
+    /// This call migrated it, converting this many position rows.
+    Done { converted: u64 },
+    /// `sp_getapplock` refused the lock with this result (nothing done).
+    LockRefused(i32),
+}
+
+/// Where the schema stands, as this user sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SchemaState {
+    current: bool,
+    /// The highest version row (0: none, or not visible to this user).
+    version: i32,
+}
+
+async fn schema_state(client: &mut Client) -> Result<SchemaState, SqlError> {
+    let row = client
+        .query(sql::SCHEMA_STATE, &[&sql::SCHEMA_VERSION])
+        .await?
+        .into_row()
+        .await?;
+    let (current, version) = row
+        .map(|r| (r.get::<i32, _>(0), r.get::<i32, _>(1)))
+        .unwrap_or_default();
+    Ok(SchemaState {
+        current: current.unwrap_or(0) > 0,
+        version: version.unwrap_or(0),
+    })
+}
+
+/// Migrate on `client` (see the module documentation).
+pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated, SqlError> {
+    if schema_state(client).await?.current {
+        return Ok(Migrated::Current);
+    }
+    let lock_wait = i32::try_from(bounds.lock_wait.as_millis()).unwrap_or(i32::MAX);
+    let granted = client
+        .query(sql::LOCK_SCHEMA, &[&lock_wait])
+        .await?
+        .into_results()
+        .await?
+        .iter()
+        .flatten()
+        .last()
+        .and_then(|r| r.get::<i32, _>(0));
+    match granted {
+        Some(r) if r >= 0 => {}
+        Some(r) => return Ok(Migrated::LockRefused(r)),
+        None => {
+            return Err(SqlError::Protocol(
+                "sp_getapplock answered no result".into(),
+            ))
+        }
+    }
+    // Another process may have migrated while this one waited for the lock
+    // (under RCSI the first check could not see its uncommitted row): do
+    // nothing then, rather than drop and create the procedure it serves with.
+    let done = if schema_state(client).await?.current {
+        Migrated::Current
+    } else {
+        Migrated::Done {
+            converted: run_migration(client, bounds.batch_rows).await?,
+        }
+    };
+    run(client, sql::UNLOCK_SCHEMA).await?;
+    Ok(done)
+}
+
+async fn run_migration(client: &mut Client, batch_rows: u32) -> Result<u64, SqlError> {
+    let migration = sql::migration();
+    run(client, sql::BEGIN).await?;
+    for batch in &migration.setup {
+        run(client, batch).await?;
+    }
+    end_transaction(client, sql::COMMIT_AND_COUNT).await?;
+    let converted = convert_positions(client, batch_rows).await?;
+    run(client, sql::BEGIN).await?;
+    for batch in &migration.finish {
+        run(client, batch).await?;
+    }
+    end_transaction(client, sql::COMMIT_AND_COUNT).await?;
+    Ok(converted)
+}
+
+/// How often a long conversion says how far it got.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// The version 2 → 3 conversion of positions, `batch_rows` at a time, each
+/// batch committed; until a batch finds nothing left.
+async fn convert_positions(client: &mut Client, batch_rows: u32) -> Result<u64, SqlError> {
+    let pending = client
+        .simple_query(sql::POSITIONS_TO_CONVERT)
+        .await?
+        .into_row()
+        .await?
+        .and_then(|r| r.get::<i32, _>(0))
+        .unwrap_or(0);
+    if pending == 0 {
+        return Ok(0);
+    }
+    let rows = i32::try_from(batch_rows.max(1)).unwrap_or(i32::MAX);
+    let (mut converted, mut said) = (0u64, Instant::now());
+    log::info!("migrate: converting positions to units, {rows} rows per transaction");
+    loop {
+        let n = client
+            .query(sql::CONVERT_POSITIONS, &[&rows])
+            .await?
+            .into_results()
+            .await?
+            .iter()
+            .flatten()
+            .last()
+            .and_then(|r| r.get::<i32, _>(0))
+            .unwrap_or(0);
+        converted += u64::try_from(n).unwrap_or(0);
+        if n == 0 {
+            log::info!("migrate: {converted} positions converted to units");
+            return Ok(converted);
+        }
+        if said.elapsed() >= PROGRESS_EVERY {
+            log::info!("migrate: {converted} positions converted to units so far");
+            said = Instant::now();
+        }
+    }
+}
+
+/// Why `sp_getapplock` refused the lock (its documented results), and
+/// what to do.
+pub fn lock_refused(result: i32, waited: Duration) -> String {
+    let why = match result {
+        -1 => format!(
+            "another session held it for more than {} ms (another `order-guard migrate` or \
+             start migrating, or a session left holding it)",
+            waited.as_millis()
+        ),
+        -2 => "the wait was cancelled".to_string(),
+        -3 => "chosen as a deadlock victim".to_string(),
+        _ => "the call was refused as invalid".to_string(),
+    };
+    format!(
+        "migrate: the schema lock (sp_getapplock 'order-guard:schema') was not granted \
+         (result {result}: {why}); nothing was changed: run `order-guard migrate` again once \
+         the other migration is over"
+    )
+}
+
+/// What a failed migration's user can see, to say why it failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnosis {
+    /// The highest schema version this user sees (0: none visible).
+    pub version: i32,
+    /// The version table is there but this user may not read it.
+    pub schema_hidden: bool,
+    pub rights: Rights,
+}
+
+/// After a migration failed on a deployment fault: where the schema
+/// stands for this user, whether it is hidden from it, and its rights.
+pub async fn diagnose_on(client: &mut Client) -> Result<Diagnosis, SqlError> {
+    let version = schema_state(client).await?.version;
+    let probe = async {
+        client
+            .simple_query(sql::PROBE_SCHEMA_VERSION)
+            .await?
+            .into_results()
+            .await
+    }
+    .await;
+    let schema_hidden = match probe {
+        Ok(_) => false,
+        Err(SqlError::Server(e)) => match classify::deployment_fault(e.code(), e.message()) {
+            Some(classify::DeploymentFault::PermissionDenied) => true,
+            Some(classify::DeploymentFault::MissingObject) => false,
+            None => return Err(SqlError::Server(e)),
+        },
+        Err(e) => return Err(e),
+    };
+    Ok(Diagnosis {
+        version,
+        schema_hidden,
+        rights: rights::check_on(client).await?,
+    })
+}
+
+/// Why a migration this user could not run failed (`failure`, a deployment
+/// fault): the schema is there but hidden from the user (its rights are
+/// missing: a start refuses, [`StoreError::Misconfigured`]), or older than
+/// this build (the admin's `migrate` fixes it: [`StoreError::Unmigrated`]).
+pub fn verdict(d: &Diagnosis, failure: &StoreError) -> StoreError {
+    if d.schema_hidden {
+        if let Some(refusal) = rights::refusal(&d.rights) {
+            return StoreError::Misconfigured(refusal);
+        }
+    }
+    let user = if d.rights.user.is_empty() {
+        "this database user".to_string()
+    } else {
+        format!("the database user {}", d.rights.user)
+    };
+    StoreError::Unmigrated(format!(
+        "the schema is at version {}, this build needs version {}: run `order-guard migrate` \
+         as the database admin (README step 4); {user} may not change the schema ({failure})",
+        d.version,
+        sql::SCHEMA_VERSION
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlserver::rights::MissingRight;
+
+    fn diagnosis(version: i32, hidden: bool, missing: &[(&str, &str)]) -> Diagnosis {
+        Diagnosis {
+            version,
+            schema_hidden: hidden,
+            rights: Rights {
+                user: "orders-guard-fn".into(),
+                missing: missing
+                    .iter()
+                    .map(|(r, o)| MissingRight {
+                        right: r.to_string(),
+                        object: o.to_string(),
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    #[test]
+    fn an_older_schema_the_user_cannot_change_is_for_the_admins_migrate() {
+        let failure = StoreError::Misconfigured("CREATE TABLE permission denied".into());
+        let v = verdict(&diagnosis(2, false, &[("EXECUTE", "x")]), &failure);
+        let StoreError::Unmigrated(m) = v else {
+            panic!("{v:?}")
+        };
+        assert!(
+            m.starts_with(
+                "the schema is at version 2, this build needs version 3: run `order-guard \
+                 migrate` as the database admin (README step 4)"
+            ),
+            "{m}"
+        );
+        assert!(m.contains("orders-guard-fn"), "{m}");
+        // No schema at all is the same: the admin's migrate makes it.
+        assert!(matches!(
+            verdict(&diagnosis(0, false, &[]), &failure),
+            StoreError::Unmigrated(_)
+        ));
+    }
+
+    #[test]
+    fn a_schema_hidden_from_the_user_is_its_missing_rights() {
+        let failure = StoreError::Misconfigured("permission denied for schema".into());
+        let v = verdict(
+            &diagnosis(0, true, &[("SELECT", "dbo.SchemaVersion")]),
+            &failure,
+        );
+        let StoreError::Misconfigured(m) = v else {
+            panic!("{v:?}")
+        };
+        assert!(m.contains("SELECT on dbo.SchemaVersion"), "{m}");
+        assert!(
+            m.contains("ALTER ROLE order_guard_app ADD MEMBER [orders-guard-fn];"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_refused_lock_says_why_and_that_nothing_changed() {
+        let m = lock_refused(-1, Duration::from_millis(1500));
+        assert!(m.contains("result -1"), "{m}");
+        assert!(m.contains("more than 1500 ms"), "{m}");
+        assert!(m.contains("nothing was changed"), "{m}");
+        assert!(lock_refused(-3, Duration::ZERO).contains("deadlock victim"));
+        assert!(lock_refused(-999, Duration::ZERO).contains("invalid"));
+    }
+}
