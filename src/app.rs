@@ -175,50 +175,60 @@ pub async fn build_processor_with(
     config: &Config,
     telemetry: Option<&Telemetry>,
 ) -> anyhow::Result<Arc<Processor>> {
-    build_processor_as(config, telemetry, Start::Serve).await
+    // The background migration, if any, goes on detached.
+    Ok(build_processor_as(config, telemetry, Start::Serve).await?.0)
 }
 
 /// [`build_processor_with`] for a command (`replay`, `dead-letters
-/// replay`): a store only an operator can fix (a right missing, the schema
-/// older than this build) stops it at once, with the fix, instead of
+/// replay`): no background migration; a store not ready is waited out for
+/// a bounded time, and one only an operator can fix (a right missing, the
+/// schema older than this build) stops it at once, with the fix, instead of
 /// retrying every delivery.
 pub async fn build_command_processor(
     config: &Config,
     telemetry: Option<&Telemetry>,
 ) -> anyhow::Result<Arc<Processor>> {
-    build_processor_as(config, telemetry, Start::Command).await
+    Ok(build_processor_as(config, telemetry, Start::Command)
+        .await?
+        .0)
 }
+
+/// A background migration that ends only when it gives up: with the
+/// failure no retry can fix (`serve` then stops, saying it).
+type GiveUp = tokio::task::JoinHandle<crate::store::StoreError>;
 
 async fn build_processor_as(
     config: &Config,
     telemetry: Option<&Telemetry>,
     start: Start,
-) -> anyhow::Result<Arc<Processor>> {
+) -> anyhow::Result<(Arc<Processor>, Option<GiveUp>)> {
     let guard = build_checked_guard(config).await?;
     let store = build_store(config).await?;
-    match &config.store {
-        // SQLite waits out a briefly locked file, then must succeed.
-        StoreConfig::Sqlite { .. } => migrate_at_start(store.as_ref())
+    let mut background = None;
+    match (&config.store, start) {
+        // SQLite waits out a briefly locked file, then must succeed; so
+        // must any store for a command.
+        (StoreConfig::Sqlite { .. }, _) | (_, Start::Command) => migrate_at_start(store.as_ref())
             .await
-            .context("creating the SQLite schema")?,
+            .with_context(|| format!("checking the {} schema", store.name()))?,
         // SQL Server may be paused or failing over: give it a bounded first
         // try (the host allows 30 s to start), then keep trying in the
         // background. Until it succeeds, invocations answer `retry`.
-        StoreConfig::SqlServer { .. } => {
+        (StoreConfig::SqlServer { .. }, Start::Serve) => {
             let first = tokio::time::timeout(SQLSERVER_MIGRATE_AT_START, store.migrate()).await;
-            match first {
-                Ok(Ok(())) => {}
+            let first_error = match first {
+                Ok(Ok(())) => None,
                 Ok(Err(e)) if refuses_start(&e, start) => {
                     return Err(e).context("the SQL Server store cannot be used");
                 }
-                Ok(Err(e)) => migrate_in_background(Arc::clone(&store), e.to_string()),
-                Err(_) => migrate_in_background(
-                    Arc::clone(&store),
-                    format!(
-                        "no answer within {} s",
-                        SQLSERVER_MIGRATE_AT_START.as_secs()
-                    ),
-                ),
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!(
+                    "no answer within {} s",
+                    SQLSERVER_MIGRATE_AT_START.as_secs()
+                )),
+            };
+            if let Some(first_error) = first_error {
+                background = Some(migrate_in_background(Arc::clone(&store), first_error));
             }
         }
     }
@@ -229,7 +239,7 @@ async fn build_processor_as(
     if let Some(t) = telemetry {
         t.observe(Arc::clone(&processor) as Arc<dyn crate::telemetry::LoadSource>);
     }
-    Ok(processor)
+    Ok((processor, background))
 }
 
 /// Whether a store failure at start stops it: a missing right always (no
@@ -263,8 +273,10 @@ const SQLSERVER_MIGRATE_AT_START: Duration = Duration::from_secs(3);
 const MIGRATE_RETRY_MAX_PAUSE: Duration = Duration::from_secs(5);
 
 /// Keep migrating (back-off up to [`MIGRATE_RETRY_MAX_PAUSE`]) until it
-/// succeeds, logging each miss.
-fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) {
+/// succeeds, logging each miss (its message says the fix: the admin's
+/// `migrate`, a right to grant); give up only on a failure a start refuses
+/// (a right missing), which the returned task then answers.
+fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) -> GiveUp {
     log::error!(
         "{} schema not checked at start ({first_error}); retrying in the background, and invocations answer `retry` until it succeeds",
         store.name()
@@ -276,8 +288,9 @@ fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) {
             match store.migrate().await {
                 Ok(()) => {
                     log::info!("{} schema is up to date", store.name());
-                    return;
+                    return std::future::pending().await;
                 }
+                Err(e) if refuses_start(&e, Start::Serve) => return e,
                 Err(e) => log::error!(
                     "{} schema still not checked ({e}); next try in {} s",
                     store.name(),
@@ -286,7 +299,7 @@ fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) {
             }
             pause = (pause * 2).min(MIGRATE_RETRY_MAX_PAUSE);
         }
-    });
+    })
 }
 
 /// `migrate`, retrying transient failures with back-off for a bounded time.
@@ -323,7 +336,32 @@ where
 /// `serve`: listen on 127.0.0.1:$FUNCTIONS_CUSTOMHANDLER_PORT until SIGTERM/SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let telemetry = start_telemetry(&config)?;
-    let processor = build_processor_with(&config, telemetry.as_ref()).await?;
+    let (processor, background) =
+        build_processor_as(&config, telemetry.as_ref(), Start::Serve).await?;
+    // A background migration that gives up (a right missing, found after
+    // the first try) stops the handler like a signal, then fails the start.
+    let gave_up = Arc::new(std::sync::OnceLock::<String>::new());
+    let stop = {
+        let gave_up = Arc::clone(&gave_up);
+        async move {
+            let given_up = async {
+                match background {
+                    Some(task) => match task.await {
+                        Ok(e) => e.to_string(),
+                        Err(e) => format!("the background migration failed: {e}"),
+                    },
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = shutdown_signal() => {}
+                e = given_up => {
+                    log::error!("stopping: {e}");
+                    let _ = gave_up.set(e);
+                }
+            }
+        }
+    };
     let container = match &config.dead_letter {
         Some(_) => Some(dead_letter_container(&config)?),
         None => None,
@@ -338,7 +376,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         sweep,
         addr,
         config.limits,
-        shutdown_signal(),
+        stop,
         config.shutdown_grace,
     )?;
     log::info!(
@@ -349,7 +387,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     if let Some(t) = telemetry {
         t.shutdown().await;
     }
-    Ok(())
+    match gave_up.get() {
+        Some(e) => Err(anyhow::anyhow!("{e}")).context("the SQL Server store cannot be used"),
+        None => Ok(()),
+    }
 }
 
 async fn shutdown_signal() {

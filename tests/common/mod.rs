@@ -780,6 +780,20 @@ pub fn ado_without(cs: &str, keys: &[&str], extra: &str) -> String {
     parts.join(";")
 }
 
+/// The version-2 schema (`tests/fixtures/sqlserver-schema-v2.sql`, from git
+/// history) as its batches, to build a database an upgrade starts from.
+pub fn mssql_v2_schema_batches() -> Vec<String> {
+    include_str!("../fixtures/sqlserver-schema-v2.sql")
+        .split("\nGO\n")
+        .map(str::trim)
+        .filter(|b| {
+            b.lines()
+                .any(|l| !l.trim().is_empty() && !l.trim().starts_with("--"))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
 /// A new, empty database on the server of `cs`, and its connection string.
 pub async fn mssql_fresh_database(cs: &str) -> String {
     let name = format!("og_{}", uuid::Uuid::new_v4().simple());

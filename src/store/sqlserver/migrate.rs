@@ -39,7 +39,7 @@ pub struct Bounds {
 }
 
 /// What a migration did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Migrated {
     /// The schema was current (nothing sent but the check).
     Current,
@@ -47,6 +47,12 @@ pub enum Migrated {
     Done { converted: u64 },
     /// `sp_getapplock` refused the lock with this result (nothing done).
     LockRefused(i32),
+    /// This user may not migrate (`failure`, a deployment fault; its first
+    /// transaction rolled back), and what it can see ([`verdict`] says why).
+    Refused {
+        diagnosis: Diagnosis,
+        failure: StoreError,
+    },
 }
 
 /// Where the schema stands, as this user sees it.
@@ -102,12 +108,39 @@ pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated
     let done = if schema_state(client).await?.current {
         Migrated::Current
     } else {
-        Migrated::Done {
-            converted: run_migration(client, bounds.batch_rows).await?,
+        match run_migration(client, bounds.batch_rows).await {
+            Ok(converted) => Migrated::Done { converted },
+            // A user without the rights to migrate: `XACT_ABORT` rolled the
+            // transaction back; ask, on this session (no second login at a
+            // start), what the user can see, to say why.
+            Err(SqlError::Server(e))
+                if classify::deployment_fault(e.code(), e.message()).is_some() =>
+            {
+                let failure = classify::classify("migrate", &SqlError::Server(e));
+                if open_transactions(client).await? != Some(0) {
+                    return Err(SqlError::Protocol(
+                        "a transaction is still open after a refused migration".into(),
+                    ));
+                }
+                Migrated::Refused {
+                    diagnosis: diagnose_on(client).await?,
+                    failure,
+                }
+            }
+            Err(e) => return Err(e),
         }
     };
     run(client, sql::UNLOCK_SCHEMA).await?;
     Ok(done)
+}
+
+async fn open_transactions(client: &mut Client) -> Result<Option<i32>, SqlError> {
+    Ok(client
+        .simple_query(sql::OPEN_TRANSACTIONS)
+        .await?
+        .into_row()
+        .await?
+        .and_then(|r| r.get::<i32, _>(0)))
 }
 
 async fn run_migration(client: &mut Client, batch_rows: u32) -> Result<u64, SqlError> {
@@ -200,7 +233,7 @@ pub struct Diagnosis {
 
 /// After a migration failed on a deployment fault: where the schema
 /// stands for this user, whether it is hidden from it, and its rights.
-pub async fn diagnose_on(client: &mut Client) -> Result<Diagnosis, SqlError> {
+async fn diagnose_on(client: &mut Client) -> Result<Diagnosis, SqlError> {
     let version = schema_state(client).await?.version;
     let probe = async {
         client

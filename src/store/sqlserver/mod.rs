@@ -235,23 +235,15 @@ impl SqlServerStore {
                 }
             ),
             Ok(migrate::Migrated::Current) => {}
+            Ok(migrate::Migrated::Refused { diagnosis, failure }) => {
+                return Err(migrate::verdict(&diagnosis, &failure))
+            }
             Err(e) if e == classify::query_timeout("migrate", bound) => {
                 return Err(StoreError::Transient(format!(
                     "migrate: the schema's migration did not finish within {} s; what it \
                      committed is kept and the next run resumes from there: {hint}",
                     bound.as_secs_f64()
                 )))
-            }
-            Err(failure @ StoreError::Misconfigured(_)) => {
-                // This user may not migrate: say whether the schema is
-                // older than this build or hidden from it (rights missing).
-                let diagnosis = with_client!(self, "migrate", self.query_timeout, |client| {
-                    migrate::diagnose_on(client)
-                });
-                return Err(match diagnosis {
-                    Ok(d) => migrate::verdict(&d, &failure),
-                    Err(_) => failure,
-                });
             }
             Err(e) => return Err(e),
         }
