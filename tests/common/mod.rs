@@ -796,6 +796,10 @@ pub fn mssql_v2_schema_batches() -> Vec<String> {
 
 /// A new, empty database on the server of `cs`, and its connection string.
 pub async fn mssql_fresh_database(cs: &str) -> String {
+    // One at a time: Babelfish refuses concurrent CREATE DATABASEs
+    // ("tuple concurrently updated").
+    static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one = CREATING.lock().await;
     let name = format!("og_{}", uuid::Uuid::new_v4().simple());
     let mut admin = mssql_raw_client(cs).await;
     let created = async {
