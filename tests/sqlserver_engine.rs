@@ -271,8 +271,10 @@ async fn duplicates_from_several_processes_at_once_execute_each_order_once() {
     let file = dir.path().join("deliveries.json");
     std::fs::write(&file, serde_json::to_vec(&deliveries).unwrap()).unwrap();
     let file = file.display().to_string();
+    // As the app is deployed: a user with only the role order_guard_app.
+    let app = common::mssql_app_connection_string(&cs).await;
     let runs: Vec<_> = (0..4)
-        .map(|_| handler_command(&cs, &["replay", &file, "--concurrency", "8"]).output())
+        .map(|_| handler_command(&app, &["replay", &file, "--concurrency", "8"]).output())
         .collect();
     let mut executed = 0;
     for out in futures::future::join_all(runs).await {

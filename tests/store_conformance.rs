@@ -535,8 +535,11 @@ mod seeded {
             Execution::AlreadyDone
         );
         let other = order(&o.order_id, &account, "buy", "7");
+        // A rejection is keyed by its raw event: one of this order's own
+        // (a shared `{}` is counted on another test's row, or an earlier run's).
+        let raw = format!("{{\"id\": \"{}\"}}", unique_id("e2"));
         assert_eq!(
-            store.execute(&other, "e2", "{}").await.unwrap(),
+            store.execute(&other, "e2", &raw).await.unwrap(),
             Execution::Conflict {
                 existing_fingerprint: v1.clone()
             }
