@@ -387,3 +387,42 @@ async fn an_older_schema_the_user_cannot_migrate_says_to_run_migrate_as_the_admi
     assert!(said.contains(want), "{said}");
     let _ = child.kill().await;
 }
+
+/// A right lost while `replay` runs (revoked by the admin): the first call
+/// refused makes it stop, starting and redelivering nothing more, counting
+/// what is left unresolved and saying the right and the fix, instead of
+/// redelivering every delivery 40 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_stops_at_the_first_right_refused_mid_run() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let db = common::mssql_fresh_database(&cs).await;
+    let app = common::mssql_app_connection_string(&db).await;
+    let store = std::sync::Arc::new(store(&app));
+    store.migrate().await.unwrap();
+    let processor = common::processor(common::memory_guard(), store);
+    owner_batch(
+        &db,
+        &format!(
+            "REVOKE EXECUTE ON {} FROM order_guard_app",
+            sql::EXECUTE_PROCEDURE
+        ),
+    )
+    .await;
+    let deliveries: Vec<Value> = (0..20)
+        .map(|_| order_event(&unique_id("ord"), "acct", "1"))
+        .collect();
+    let started = Instant::now();
+    let summary = order_guard::app::replay(&processor, deliveries, 1).await;
+    assert!(started.elapsed() < Duration::from_secs(10), "{summary}");
+    let stopped = summary.stopped.as_deref().expect("replay stopped");
+    assert!(
+        stopped.contains("permission denied") || stopped.contains("EXECUTE permission"),
+        "{stopped}"
+    );
+    assert!(stopped.contains("ALTER ROLE order_guard_app ADD MEMBER"), "{stopped}");
+    assert_eq!((summary.deliveries, summary.unresolved), (20, 20), "{summary}");
+    assert_eq!(summary.retries, 0, "no redelivery after the refusal: {summary}");
+    assert_eq!(summary.executed, 0, "{summary}");
+}
