@@ -224,8 +224,11 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
                 }
             };
             let proxy = CutProxy::start(server_port(&direct)).await;
+            // The handlers run as deployed (README step 4): migrated by the
+            // owner, logged in as a user with only the role order_guard_app.
+            let app = common::mssql_app_connection_string(&direct).await;
             Db::SqlServer {
-                handlers: through_proxy(&direct, proxy.port),
+                handlers: through_proxy(&app, proxy.port),
                 direct,
                 database,
                 proxy,
