@@ -18,7 +18,8 @@
 //!    reader sees a half-converted table as current.
 //!
 //! The fast path first: one query without locks (`sql::SCHEMA_STATE`), so
-//! a start, a restart or a scale-out costs one round trip.
+//! a start, a restart or a scale-out costs one round trip here (and one
+//! for its rights, `rights.rs`).
 
 use std::time::{Duration, Instant};
 
