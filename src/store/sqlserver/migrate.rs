@@ -111,18 +111,15 @@ pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated
     } else {
         match run_migration(client, bounds.batch_rows).await {
             Ok(converted) => Migrated::Done { converted },
-            // A user without the rights to migrate: `XACT_ABORT` rolled the
-            // transaction back; ask, on this session (no second login at a
-            // start), what the user can see, to say why.
+            // A user without the rights to migrate: end the transaction
+            // (`XACT_ABORT` has rolled most errors' back), then ask, on this
+            // session (no second login at a start), what the user can see,
+            // to say why.
             Err(SqlError::Server(e))
                 if classify::deployment_fault(e.code(), e.message()).is_some() =>
             {
                 let failure = classify::classify("migrate", &SqlError::Server(e));
-                if open_transactions(client).await? != Some(0) {
-                    return Err(SqlError::Protocol(
-                        "a transaction is still open after a refused migration".into(),
-                    ));
-                }
+                end_transaction(client, sql::ROLLBACK_AND_COUNT).await?;
                 Migrated::Refused {
                     diagnosis: diagnose_on(client).await?,
                     failure,
@@ -133,15 +130,6 @@ pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated
     };
     run(client, sql::UNLOCK_SCHEMA).await?;
     Ok(done)
-}
-
-async fn open_transactions(client: &mut Client) -> Result<Option<i32>, SqlError> {
-    Ok(client
-        .simple_query(sql::OPEN_TRANSACTIONS)
-        .await?
-        .into_row()
-        .await?
-        .and_then(|r| r.get::<i32, _>(0)))
 }
 
 async fn run_migration(client: &mut Client, batch_rows: u32) -> Result<u64, SqlError> {

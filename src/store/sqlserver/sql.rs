@@ -262,6 +262,13 @@ pub const BEGIN: &str = "BEGIN TRANSACTION";
 /// the transaction back) instead of going back to the pool.
 pub const COMMIT_AND_COUNT: &str = "COMMIT TRANSACTION; SELECT @@TRANCOUNT AS OpenTransactions";
 
+/// Ends a transaction an error may or may not have ended already (under
+/// `XACT_ABORT ON` most errors roll it back; a few leave it open) and says
+/// how many are still open, in one round trip: after a migration this user
+/// was refused, before the same session says why.
+pub const ROLLBACK_AND_COUNT: &str =
+    "IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; SELECT @@TRANCOUNT AS OpenTransactions";
+
 /// Run once on every new connection: the row counts `execute` relies on
 /// must be reported even if the server's default user options say NOCOUNT.
 pub const SESSION_COUNT_ROWS: &str = "SET NOCOUNT OFF";
@@ -522,6 +529,7 @@ pub const ALL: &[&str] = &[
     PROBE_SCHEMA_VERSION,
     BEGIN,
     COMMIT_AND_COUNT,
+    ROLLBACK_AND_COUNT,
     SESSION_COUNT_ROWS,
     SESSION_XACT_ABORT,
     OPEN_TRANSACTIONS,
