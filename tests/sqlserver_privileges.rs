@@ -421,8 +421,18 @@ async fn replay_stops_at_the_first_right_refused_mid_run() {
         stopped.contains("permission denied") || stopped.contains("EXECUTE permission"),
         "{stopped}"
     );
-    assert!(stopped.contains("ALTER ROLE order_guard_app ADD MEMBER"), "{stopped}");
-    assert_eq!((summary.deliveries, summary.unresolved), (20, 20), "{summary}");
-    assert_eq!(summary.retries, 0, "no redelivery after the refusal: {summary}");
+    assert!(
+        stopped.contains("ALTER ROLE order_guard_app ADD MEMBER"),
+        "{stopped}"
+    );
+    assert_eq!(
+        (summary.deliveries, summary.unresolved),
+        (20, 20),
+        "{summary}"
+    );
+    assert_eq!(
+        summary.retries, 0,
+        "no redelivery after the refusal: {summary}"
+    );
     assert_eq!(summary.executed, 0, "{summary}");
 }
