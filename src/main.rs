@@ -188,6 +188,13 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             }
             println!("{summary}");
             let mut failed = false;
+            if let Some(why) = &summary.stopped {
+                eprintln!(
+                    "order-guard: dead-letters replay stopped: {why}; {} blobs not reached stay where they are",
+                    summary.not_reached
+                );
+                failed = true;
+            }
             if summary.unresolved > 0 {
                 eprintln!(
                     "order-guard: {} dead-letter blobs stay for the next replay (reasons above)",

@@ -436,3 +436,66 @@ async fn replay_stops_at_the_first_right_refused_mid_run() {
     );
     assert_eq!(summary.executed, 0, "{summary}");
 }
+
+/// The dead-letter sweep stops too when a right is refused mid-run: the
+/// blob being replayed and every later one stay where they are, counted,
+/// and the summary says why and how to fix it; nothing is moved.
+#[tokio::test]
+async fn the_dead_letter_sweep_stops_at_the_first_right_refused() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let db = common::mssql_fresh_database(&cs).await;
+    let app = common::mssql_app_connection_string(&db).await;
+    let store = std::sync::Arc::new(store(&app));
+    store.migrate().await.unwrap();
+    let processor = common::processor(common::memory_guard(), store);
+    let azurite = common::azurite::Azurite::start();
+    let container = azurite.container("deadletters").await;
+    let names: Vec<String> = (0..3)
+        .map(|i| format!("SUB/2025/6/14/{i}/aaaaaaaa-0000-0000-0000-00000000000{i}.json"))
+        .collect();
+    for name in &names {
+        let mut event = order_event(&unique_id("dl"), "acct", "1");
+        event["deadLetterReason"] = json!("MaxDeliveryAttemptsExceeded");
+        let body = bytes::Bytes::from(json!([event]).to_string());
+        assert!(container.put_new(name, body).await.unwrap());
+    }
+    owner_batch(
+        &db,
+        &format!(
+            "REVOKE EXECUTE ON {} FROM order_guard_app",
+            sql::EXECUTE_PROCEDURE
+        ),
+    )
+    .await;
+    let started = Instant::now();
+    let s = order_guard::deadletter::sweep(
+        &processor,
+        &container,
+        &order_guard::deadletter::SweepOptions::default(),
+        &order_guard::deadletter::sweep::Silent,
+    )
+    .await
+    .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10), "{s}");
+    let stopped = s.stopped.as_deref().expect("the sweep stopped");
+    assert!(
+        stopped.contains("ALTER ROLE order_guard_app ADD MEMBER"),
+        "{stopped}"
+    );
+    assert_eq!(
+        (s.blobs, s.events, s.retries, s.unresolved, s.moved, s.not_reached),
+        (1, 1, 1, 1, 0, 2),
+        "{s:?}"
+    );
+    let mut left: Vec<String> = container
+        .list(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.name)
+        .collect();
+    left.sort();
+    assert_eq!(left, names, "every blob stays where it was");
+}

@@ -80,7 +80,7 @@ pub fn after_events(count: u64, pending: u64) -> Option<Fate> {
     (pending > 0).then(|| Fate::Left {
         events: count,
         why: format!(
-            "{pending} of {count} events not finished (retry, in_progress or past the deadline)"
+            "{pending} of {count} events not finished (retry, in_progress, past the deadline or stopped)"
         ),
     })
 }
@@ -187,7 +187,9 @@ mod tests {
             after_events(3, 1),
             Some(Fate::Left {
                 events: 3,
-                why: "1 of 3 events not finished (retry, in_progress or past the deadline)".into()
+                why:
+                    "1 of 3 events not finished (retry, in_progress, past the deadline or stopped)"
+                        .into()
             })
         );
     }

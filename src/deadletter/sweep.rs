@@ -91,8 +91,12 @@ pub struct SweepSummary {
     /// Blobs that held no events or were over the size bound: stored as
     /// poison (name, size, reason), moved by this sweep under `unreadable/`.
     pub unreadable: u64,
-    /// Blobs not looked at because of `--max-blobs` or the deadline.
+    /// Blobs not looked at because of `--max-blobs`, the deadline, or a
+    /// stop.
     pub not_reached: u64,
+    /// Why the sweep stopped early: a store failure no retry can fix (a
+    /// right or the schema missing), with the fix.
+    pub stopped: Option<String>,
     /// Each blob left, and why.
     pub left: Vec<String>,
 }
@@ -179,17 +183,23 @@ pub async fn sweep(
     progress: &dyn Progress,
 ) -> Result<SweepSummary, BlobError> {
     let started = Instant::now();
-    let past_deadline = || options.deadline.is_some_and(|d| started.elapsed() >= d);
+    // A store failure no retry can fix (a right or the schema missing) met
+    // during this sweep stops it: every later event would fail the same
+    // way. One met before it (a long-running `serve` whose rights were
+    // fixed since) does not.
+    let operator_needed_before = processor.operator_needed().is_some();
+    let operator_needed = || !operator_needed_before && processor.operator_needed().is_some();
+    let stop = || options.deadline.is_some_and(|d| started.elapsed() >= d) || operator_needed();
     let names = candidates(container, options.prefix.as_deref()).await?;
     let limit = options.max_blobs.unwrap_or(usize::MAX).min(names.len());
     progress.start(limit as u64);
     let mut s = SweepSummary::default();
     for (i, blob) in names.iter().enumerate() {
-        if i >= limit || past_deadline() {
+        if i >= limit || stop() {
             s.not_reached = (names.len() - i) as u64;
             break;
         }
-        let fate = sweep_blob(processor, container, blob, &mut s, &past_deadline).await;
+        let fate = sweep_blob(processor, container, blob, &mut s, &stop).await;
         let shown = escaped(&blob.listed.name);
         if let Fate::Left { why, .. } = &fate {
             log::warn!("dead letter {shown}: left in place: {why}");
@@ -198,6 +208,9 @@ pub async fn sweep(
         progress.blob_done(&blob.listed.name, fate::events_of(&fate), &note);
     }
     progress.finish();
+    if operator_needed() {
+        s.stopped = processor.operator_needed().map(str::to_string);
+    }
     Ok(s)
 }
 
@@ -208,7 +221,7 @@ async fn sweep_blob(
     container: &Container,
     blob: &Candidate,
     s: &mut SweepSummary,
-    past_deadline: &(dyn Fn() -> bool + Sync),
+    stop: &(dyn Fn() -> bool + Sync),
 ) -> Fate {
     let name = blob.listed.name.as_str();
     let left = |why: String| Fate::Left { events: 0, why };
@@ -247,7 +260,7 @@ async fn sweep_blob(
     let count = events.len() as u64;
     let mut pending = 0u64;
     for (i, dl) in events.iter().enumerate() {
-        if past_deadline() {
+        if stop() {
             pending += count - i as u64;
             break;
         }
