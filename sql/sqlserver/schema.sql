@@ -12,7 +12,7 @@
 -- running it twice, or again after a cut, changes nothing done.
 -- Batches are separated by lines holding only GO; each is sent on its own.
 --
--- Portable T-SQL only (docs/protocol.md 7.4): no MERGE, no CREATE OR ALTER,
+-- Portable T-SQL only (docs/sqlserver.md, "The portable T-SQL subset"): no MERGE, no CREATE OR ALTER,
 -- no ROWVERSION, no sys.dm_* views. Quantities and prices are exact:
 -- DECIMAL(28,10) per order (each at most 10^18); a position, the sum of many
 -- orders, in integer units of 10^-10 as DECIMAL(38,0): exact to

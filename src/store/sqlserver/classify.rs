@@ -2,7 +2,7 @@
 //!
 //! Why by number: engines that speak TDS word their messages differently
 //! (and name indexes in them), so only the error number is a contract
-//! (docs/protocol.md 7.3). Anything unknown is permanent, with the server's
+//! (docs/sqlserver.md, "Connection string and errors"). Anything unknown is permanent, with the server's
 //! text kept so an operator can see what the engine said. One exception:
 //! Babelfish answers most PostgreSQL errors with one number
 //! ([`BABELFISH_GENERIC`]), so for it a missing right or object is told by

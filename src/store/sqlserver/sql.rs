@@ -5,7 +5,7 @@
 //! syntax slip fails CI even where no server is available. Anything sent to
 //! the server must be listed in [`ALL`] or come from [`schema_batches`].
 //!
-//! Rules (docs/protocol.md 7.4): parameters only (`@P1`…, tiberius sends them
+//! Rules (docs/sqlserver.md, "The portable T-SQL subset"): parameters only (`@P1`…, tiberius sends them
 //! through `sp_executesql`), portable T-SQL (no MERGE, no CREATE OR ALTER, no
 //! SERIALIZABLE/REPEATABLE READ, no ROWVERSION, no `sys.dm_*`), and no
 //! `UPDATE … OUTPUT` at all, so the unqualified-column pitfall cannot arise.
