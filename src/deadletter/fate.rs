@@ -224,51 +224,86 @@ mod tests {
         assert_eq!((s.blobs, s.unresolved, s.moved), (0, 0, 0));
     }
 
+    /// Each fate, recorded alone: the note it gets and what it adds.
     #[test]
     fn each_fate_is_counted_once_where_it_belongs() {
-        let mut s = SweepSummary::default();
-        let notes: Vec<String> = [
-            Fate::MovedElsewhere,
-            Fate::Left {
-                events: 2,
-                why: "w".into(),
-            },
-            Fate::SetAside {
-                why: "big".into(),
-                moved: Moved::Now,
-            },
-            Fate::SetAside {
-                why: "big".into(),
-                moved: Moved::Already,
-            },
-            Fate::Replayed {
-                events: 1,
-                moved: Moved::Now,
-            },
-            Fate::Replayed {
-                events: 1,
-                moved: Moved::Already,
-            },
-        ]
-        .iter()
-        .map(|f| record(&mut s, "B/1", f))
-        .collect();
-        assert_eq!(
-            notes,
-            [
+        // (fate, note, blobs, unresolved, unreadable, moved)
+        let cases = [
+            (
+                Fate::MovedElsewhere,
                 "gone (moved by another sweep)",
+                0,
+                0,
+                0,
+                0,
+            ),
+            (
+                Fate::Left {
+                    events: 2,
+                    why: "w".into(),
+                },
                 "left: w",
+                1,
+                1,
+                0,
+                0,
+            ),
+            (
+                Fate::SetAside {
+                    why: "big".into(),
+                    moved: Moved::Now,
+                },
                 "set aside (big): moved under unreadable/",
+                1,
+                0,
+                1,
+                0,
+            ),
+            (
+                Fate::SetAside {
+                    why: "big".into(),
+                    moved: Moved::Already,
+                },
                 "set aside (big): moved under unreadable/",
+                1,
+                0,
+                0,
+                0,
+            ),
+            (
+                Fate::Replayed {
+                    events: 1,
+                    moved: Moved::Now,
+                },
                 "moved under replayed/",
+                1,
+                0,
+                0,
+                1,
+            ),
+            (
+                Fate::Replayed {
+                    events: 1,
+                    moved: Moved::Already,
+                },
                 "moved by another sweep meanwhile",
-            ]
-        );
-        assert_eq!(
-            (s.blobs, s.unresolved, s.unreadable, s.moved, s.events),
-            (5, 1, 1, 1, 0)
-        );
-        assert_eq!(s.left, ["B/1: w"]);
+                1,
+                0,
+                0,
+                0,
+            ),
+        ];
+        for (fate, note, blobs, unresolved, unreadable, moved) in cases {
+            let mut s = SweepSummary::default();
+            assert_eq!(record(&mut s, "B/1", &fate), note, "{fate:?}");
+            assert_eq!(
+                (s.blobs, s.unresolved, s.unreadable, s.moved, s.events),
+                (blobs, unresolved, unreadable, moved, 0),
+                "{fate:?}"
+            );
+            let left: &[&str] = if unresolved == 1 { &["B/1: w"] } else { &[] };
+            assert_eq!(s.left, left, "{fate:?}");
+        }
     }
 
     #[test]

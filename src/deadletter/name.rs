@@ -98,7 +98,8 @@ pub fn parse(name: &str) -> Option<BlobName> {
         return None;
     }
     let num = |s: &str, max: u32| -> Option<u32> {
-        if s.is_empty() || s.len() > 4 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        // (An empty number fails the parse below.)
+        if s.len() > 4 || !s.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
         s.parse().ok().filter(|n| *n <= max)
@@ -175,6 +176,10 @@ mod tests {
             "a/b/c/d/S/2019/8/8/5/g.json",
             "S/2019/+8/8/5/g.json",
             "ns//sub/2019/8/8/5/g.json",
+            // Padded past four digits, a year before 2000, an empty number.
+            "S/2019/00012/8/5/g.json",
+            "S/1999/8/8/5/g.json",
+            "S/2019//8/5/g.json",
         ] {
             assert_eq!(parse(name), None, "{name}");
         }
