@@ -79,21 +79,28 @@ async fn schema_state(client: &mut Client) -> Result<SchemaState, SqlError> {
     })
 }
 
-/// Migrate on `client` (see the module documentation).
-pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated, SqlError> {
-    if schema_state(client).await?.current {
-        return Ok(Migrated::Current);
-    }
-    let lock_wait = i32::try_from(bounds.lock_wait.as_millis()).unwrap_or(i32::MAX);
-    let granted = client
-        .query(sql::LOCK_SCHEMA, &[&lock_wait])
+/// The first column of the last row `statement` (one `INT` parameter)
+/// answers, over all its result sets: what a batch that ends in `SELECT`
+/// reports.
+async fn last_int(client: &mut Client, statement: &str, p1: i32) -> Result<Option<i32>, SqlError> {
+    Ok(client
+        .query(statement, &[&p1])
         .await?
         .into_results()
         .await?
         .iter()
         .flatten()
         .last()
-        .and_then(|r| r.get::<i32, _>(0));
+        .and_then(|r| r.get::<i32, _>(0)))
+}
+
+/// Migrate on `client` (see the module documentation).
+pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated, SqlError> {
+    if schema_state(client).await?.current {
+        return Ok(Migrated::Current);
+    }
+    let lock_wait = i32::try_from(bounds.lock_wait.as_millis()).unwrap_or(i32::MAX);
+    let granted = last_int(client, sql::LOCK_SCHEMA, lock_wait).await?;
     match granted {
         Some(r) if r >= 0 => {}
         Some(r) => return Ok(Migrated::LockRefused(r)),
@@ -168,15 +175,8 @@ async fn convert_positions(client: &mut Client, batch_rows: u32) -> Result<u64, 
     let (mut converted, mut said) = (0u64, Instant::now());
     log::info!("migrate: converting positions to units, {rows} rows per transaction");
     loop {
-        let n = client
-            .query(sql::CONVERT_POSITIONS, &[&rows])
+        let n = last_int(client, sql::CONVERT_POSITIONS, rows)
             .await?
-            .into_results()
-            .await?
-            .iter()
-            .flatten()
-            .last()
-            .and_then(|r| r.get::<i32, _>(0))
             .unwrap_or(0);
         converted += u64::try_from(n).unwrap_or(0);
         if n == 0 {
