@@ -485,7 +485,14 @@ async fn the_dead_letter_sweep_stops_at_the_first_right_refused() {
         "{stopped}"
     );
     assert_eq!(
-        (s.blobs, s.events, s.retries, s.unresolved, s.moved, s.not_reached),
+        (
+            s.blobs,
+            s.events,
+            s.retries,
+            s.unresolved,
+            s.moved,
+            s.not_reached
+        ),
         (1, 1, 1, 1, 0, 2),
         "{s:?}"
     );
