@@ -139,14 +139,21 @@ pub fn runs(get: impl Fn(&str) -> Option<String>) -> Runs {
     if let Some(plan) = detect(&get) {
         return Runs::OnPlan(plan);
     }
-    let Some(runtime) = val("FUNCTIONS_WORKER_RUNTIME") else {
+    // A Functions host, or a Functions container image (whose
+    // `AzureWebJobsScriptRoot` is set even where `serve` runs by hand).
+    let runtime = val("FUNCTIONS_WORKER_RUNTIME");
+    if runtime.is_none() && val("AzureWebJobsScriptRoot").is_none() {
         return Runs::WithoutFunctionsHost;
-    };
+    }
     if val("FUNCTIONS_CORETOOLS_ENVIRONMENT").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
         return Runs::UnderCoreTools;
     }
-    let mut evidence =
-        format!("FUNCTIONS_WORKER_RUNTIME={runtime} without FUNCTIONS_CORETOOLS_ENVIRONMENT=true");
+    let mut evidence = match &runtime {
+        Some(r) => {
+            format!("FUNCTIONS_WORKER_RUNTIME={r} without FUNCTIONS_CORETOOLS_ENVIRONMENT=true")
+        }
+        None => "no FUNCTIONS_CORETOOLS_ENVIRONMENT=true".to_string(),
+    };
     for (var, platform) in [
         ("KUBERNETES_SERVICE_HOST", "Kubernetes"),
         ("CONTAINER_APP_NAME", "Azure Container Apps"),
@@ -399,7 +406,7 @@ mod tests {
         assert!(ok, "{r}");
         // (the place, its environment, what the refusal must say of it)
         type Place<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
-        let unsafe_places: [Place; 6] = [
+        let unsafe_places: [Place; 7] = [
             (
                 "AKS with KEDA",
                 &[
@@ -428,6 +435,11 @@ mod tests {
                     ("HOSTNAME", "3f2a"),
                 ],
                 "AzureWebJobsScriptRoot is set",
+            ),
+            (
+                "a Functions image running serve by hand",
+                &[("AzureWebJobsScriptRoot", "/home/site/wwwroot")],
+                "AzureWebJobsScriptRoot is set: a Functions container image",
             ),
             (
                 "a Functions host with no other mark",

@@ -158,8 +158,10 @@ async fn every_schema_and_layout_is_replayed_and_moved_and_a_rerun_changes_nothi
     flat["brokerProperties"] = namespace_properties();
     flat["customDeliveryProperties"] = json!({"custom-header-1": "value1"});
     put(c, &ns_flat, &flat).await;
-    // Not in a documented layout: left alone, and said (unresolved).
+    // Not in a documented layout: left alone, and said (unresolved); at
+    // the container's root too.
     put(c, "notes/readme.json", &json!({})).await;
+    put(c, "stray.json", &json!({})).await;
     let dry = order_guard::deadletter::list(
         c,
         w.store.as_ref(),
@@ -168,20 +170,26 @@ async fn every_schema_and_layout_is_replayed_and_moved_and_a_rerun_changes_nothi
     )
     .await
     .unwrap();
-    assert_eq!(dry.not_dead_letters, ["notes/readme.json"], "{dry}");
-    assert_eq!((dry.blobs, dry.events), (5, 5), "{dry}");
+    assert_eq!(
+        dry.not_dead_letters,
+        ["notes/readme.json", "stray.json"],
+        "{dry}"
+    );
+    assert_eq!((dry.blobs, dry.events), (6, 5), "{dry}");
 
     let s = replay(&w).await;
     assert_eq!(
         s.to_string(),
-        "blobs=5 events=5 executed=5 duplicates=0 conflicts=0 rejected=0 retries=0 unresolved=1 moved=4 unreadable=0",
+        "blobs=6 events=5 executed=5 duplicates=0 conflicts=0 rejected=0 retries=0 unresolved=2 moved=4 unreadable=0",
         "{s:?}"
     );
-    assert_eq!(s.left.len(), 1, "{s:?}");
-    assert!(
-        s.left[0].starts_with("notes/readme.json: not in a documented dead-letter layout"),
-        "{s:?}"
-    );
+    assert_eq!(s.left.len(), 2, "{s:?}");
+    for (left, name) in s.left.iter().zip(["notes/readme.json", "stray.json"]) {
+        assert!(
+            left.starts_with(&format!("{name}: not in a documented dead-letter layout")),
+            "{s:?}"
+        );
+    }
     for id in ["s-1", "s-2", "s-3", "s-4", "s-5"] {
         let row = w.store.order(id).await.unwrap().expect("executed");
         assert_eq!(row.status.as_str(), "Executed", "{id}");
@@ -204,7 +212,7 @@ async fn every_schema_and_layout_is_replayed_and_moved_and_a_rerun_changes_nothi
     let again = replay(&w).await;
     assert_eq!(
         (again.blobs, again.unresolved, again.events, again.moved),
-        (1, 1, 0, 0),
+        (2, 2, 0, 0),
         "{again}"
     );
     assert_eq!(w.processor.counters(), before);
@@ -473,6 +481,9 @@ async fn a_blob_is_read_and_moved_by_the_name_it_was_listed_under() {
         "ODD-SUB/2026/0006/004/0009/99999999-0000-0000-0000-000000000003.json",
         "SUB-1-A/2026/12/31/23/a.b.c.json",
         "SPACED SUB/2026/1/1/0/99999999 0000+0001.json",
+        // Characters a path type might percent-encode into another name.
+        "PCT%20SUB/2026/1/1/1/99999999-0000-0000-0000-000000000004.json",
+        "HASH#SUB/2026/1/1/2/99999999-0000-0000-0000-000000000005.json",
     ];
     for (i, name) in names.iter().enumerate() {
         put(

@@ -214,7 +214,7 @@ impl Config {
                 "DEAD_LETTER_MAX_BLOB_BYTES",
                 crate::deadletter::storage::DEFAULT_MAX_BLOB_BYTES,
                 64 * 1024,
-                256 * 1024 * 1024,
+                32 * 1024 * 1024,
             )?,
         )?;
         let telemetry = telemetry::telemetry(&val)?;

@@ -13,8 +13,8 @@ use futures::TryStreamExt;
 use object_store::azure::{AzureCredential, AzureCredentialProvider, MicrosoftAzureBuilder};
 use object_store::path::Path;
 use object_store::{
-    ClientOptions, CopyMode, CopyOptions, CredentialProvider, ObjectStore, ObjectStoreExt, PutMode,
-    PutOptions, PutPayload, RetryConfig,
+    ClientOptions, CredentialProvider, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    PutPayload, RetryConfig, WriteMultipart,
 };
 use tokio::sync::Mutex;
 
@@ -22,6 +22,19 @@ use super::storage::{Credential, DeadLetterSettings};
 
 /// Each request to Blob Storage is bounded by this (retries included).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// A block of a streamed copy ([`Container::move_unread`]), and how many
+/// are uploaded at once: what the copy holds in memory.
+const COPY_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+const COPY_PARTS_IN_FLIGHT: usize = 2;
+
+/// A blob name as the object store's path, exactly as listed.
+/// `Path::from` percent-encodes characters such as `%` or `#`, which would
+/// name another blob than the one listed; `Path::parse` keeps the text (a
+/// listed name always parses: the listing made it).
+fn path(name: &str) -> Path {
+    Path::parse(name).unwrap_or_else(|_| Path::from(name))
+}
+
 /// The Entra ID scope of Blob Storage.
 const STORAGE_SCOPE: &str = "https://storage.azure.com/.default";
 
@@ -146,7 +159,7 @@ impl Container {
     /// Every blob whose name starts with `prefix` (a folder: whole path
     /// segments), or every blob in the container.
     pub async fn list(&self, prefix: Option<&str>) -> Result<Vec<Listed>, BlobError> {
-        let prefix = prefix.map(Path::from);
+        let prefix = prefix.map(path);
         self.store
             .list(prefix.as_ref())
             .map_ok(|m| Listed {
@@ -158,27 +171,37 @@ impl Container {
             .map_err(|e| self.error("cannot list the blobs", e))
     }
 
-    /// The top-level folders (`<SUBSCRIPTION>/`, `<namespace>/`, `replayed/`, …).
-    pub async fn folders(&self) -> Result<Vec<String>, BlobError> {
+    /// The top level: its folders (`<SUBSCRIPTION>/`, `<namespace>/`,
+    /// `replayed/`, …) and the blobs at the root, outside any folder.
+    pub async fn top_level(&self) -> Result<(Vec<String>, Vec<Listed>), BlobError> {
         let listed = self
             .store
             .list_with_delimiter(None)
             .await
             .map_err(|e| self.error("cannot list the folders", e))?;
-        Ok(listed
-            .common_prefixes
-            .into_iter()
-            .map(|p| p.to_string())
-            .collect())
+        Ok((
+            listed
+                .common_prefixes
+                .into_iter()
+                .map(|p| p.to_string())
+                .collect(),
+            listed
+                .objects
+                .into_iter()
+                .map(|m| Listed {
+                    name: m.location.to_string(),
+                    size: m.size,
+                })
+                .collect(),
+        ))
     }
 
     /// A blob's bytes, read only while they fit the bound: its stated size
     /// is checked before any byte is read, and the stream is stopped at
     /// the bound in case the blob grew meanwhile.
     pub async fn read(&self, name: &str) -> Result<Read, BlobError> {
-        let path = Path::from(name);
         let cannot = |e| self.error(&format!("cannot read {name}"), e);
-        let got = match self.store.get(&path).await {
+        let got = match self.store.get(&path(name)).await {
             Ok(r) => r,
             Err(object_store::Error::NotFound { .. }) => return Ok(Read::Gone),
             Err(e) => return Err(cannot(e)),
@@ -204,7 +227,7 @@ impl Container {
 
     /// Whether a blob of that name exists.
     pub async fn exists(&self, name: &str) -> Result<bool, BlobError> {
-        match self.store.head(&Path::from(name)).await {
+        match self.store.head(&path(name)).await {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(self.error(&format!("cannot look up {name}"), e)),
@@ -219,7 +242,7 @@ impl Container {
         };
         match self
             .store
-            .put_opts(&Path::from(name), PutPayload::from(bytes), options)
+            .put_opts(&path(name), PutPayload::from(bytes), options)
             .await
         {
             Ok(_) => Ok(true),
@@ -246,9 +269,14 @@ impl Container {
     }
 
     /// Move `name` (of `size` bytes, as listed) under `folder` without
-    /// reading it: a copy made by Blob Storage itself (`Copy Blob`, only if
-    /// the name under `folder` is free), checked to hold `size` bytes, then
-    /// the original deleted. For a blob the sweep will not read whole.
+    /// holding it: streamed from the original into a block upload of the
+    /// copy, a chunk at a time (a few MiB in memory whatever its size),
+    /// the copy checked to hold `size` bytes, then the original deleted.
+    /// For a blob the sweep will not read whole. Not Blob Storage's own
+    /// `Copy Blob`: that copy may still be pending when it answers (its
+    /// destination already shows the full size), and deleting the source
+    /// of a pending copy fails it. A block upload exists only once its
+    /// block list is committed, whole.
     pub async fn move_unread(
         &self,
         folder: &str,
@@ -256,22 +284,26 @@ impl Container {
         size: u64,
     ) -> Result<Moved, BlobError> {
         let to = format!("{folder}{name}");
-        let options = CopyOptions::new().with_mode(CopyMode::Create);
-        let copied = match self
-            .store
-            .copy_opts(&Path::from(name), &Path::from(to.as_str()), options)
-            .await
-        {
-            Ok(()) => true,
-            Err(object_store::Error::AlreadyExists { .. })
-            | Err(object_store::Error::Precondition { .. }) => false,
-            Err(e) => return Err(self.error(&format!("cannot copy {name} to {to}"), e)),
+        // A copy already there is whole (see above): another sweep's, or
+        // this one's before a failed delete.
+        let moved = if self.exists(&to).await? {
+            Moved::Already
+        } else {
+            match self.stream_copy(name, &to).await? {
+                true => Moved::Now,
+                // The original is gone: another sweep moved it meanwhile.
+                false if self.exists(&to).await? => return Ok(Moved::Already),
+                false => {
+                    return Err(BlobError(format!(
+                        "{name} in {} is gone, and no copy {to} is there",
+                        self.described
+                    )))
+                }
+            }
         };
-        // A copy Blob Storage has not finished (it may finish later) or of
-        // another blob must not let the original go.
         let copy = self
             .store
-            .head(&Path::from(to.as_str()))
+            .head(&path(&to))
             .await
             .map_err(|e| self.error(&format!("cannot look up the copy {to}"), e))?;
         if copy.size != size {
@@ -281,13 +313,45 @@ impl Container {
             )));
         }
         self.delete_moved(name, &to).await?;
-        Ok(if copied { Moved::Now } else { Moved::Already })
+        Ok(moved)
+    }
+
+    /// Stream `from` into a new block blob `to`; `false` when `from` is gone.
+    async fn stream_copy(&self, from: &str, to: &str) -> Result<bool, BlobError> {
+        let cannot = |e| self.error(&format!("cannot copy {from} to {to}"), e);
+        let source = match self.store.get(&path(from)).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(cannot(e)),
+        };
+        let upload = self.store.put_multipart(&path(to)).await.map_err(cannot)?;
+        let mut copy = WriteMultipart::new_with_chunk_size(upload, COPY_CHUNK_BYTES);
+        let mut stream = source.into_stream();
+        let streamed = async {
+            while let Some(chunk) = stream.try_next().await? {
+                copy.wait_for_capacity(COPY_PARTS_IN_FLIGHT).await?;
+                copy.write(&chunk);
+            }
+            Ok::<_, object_store::Error>(())
+        }
+        .await;
+        match streamed {
+            Ok(()) => {
+                copy.finish().await.map_err(cannot)?;
+                Ok(true)
+            }
+            Err(e) => {
+                // Uncommitted blocks are dropped by Blob Storage itself.
+                let _ = copy.abort().await;
+                Err(cannot(e))
+            }
+        }
     }
 
     /// Delete the original of a move whose copy `to` exists.
     async fn delete_moved(&self, name: &str, to: &str) -> Result<(), BlobError> {
         // NotFound: a sweep that found the copy already there deleted it.
-        match self.store.delete(&Path::from(name)).await {
+        match self.store.delete(&path(name)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.error(
                 &format!("copied {name} to {to} but cannot delete the original (the next sweep finishes the move)"),

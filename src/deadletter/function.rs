@@ -96,7 +96,16 @@ impl SweepFunction {
         match sweep(&self.processor, container, &options, &Silent).await {
             Ok(summary) => {
                 let line = format!("{FUNCTION_NAME}: {summary}");
-                log::info!("{line}");
+                // A sweep stopped by a missing right or schema needs an
+                // operator; blobs left or set aside deserve a look.
+                let level = if summary.stopped.is_some() {
+                    log::Level::Error
+                } else if summary.unresolved > 0 || summary.unreadable > 0 {
+                    log::Level::Warn
+                } else {
+                    log::Level::Info
+                };
+                log::log!(level, "{line}");
                 answer(200, line, json!({"sweep": "done", "summary": summary}))
             }
             Err(e) => {

@@ -120,6 +120,9 @@ impl fmt::Display for SweepSummary {
         if self.not_reached > 0 {
             write!(f, " not_reached={}", self.not_reached)?;
         }
+        if let Some(why) = &self.stopped {
+            write!(f, " stopped: {}", escaped(why))?;
+        }
         Ok(())
     }
 }
@@ -146,7 +149,10 @@ async fn candidates(
     {
         Some(p) => listed.extend(container.list(Some(p)).await?),
         None => {
-            for folder in container.folders().await? {
+            // Blobs at the root are in no layout: listed, so they are said.
+            let (folders, root) = container.top_level().await?;
+            listed.extend(root);
+            for folder in folders {
                 let top = folder.trim_end_matches('/');
                 if format!("{top}/") == REPLAYED || format!("{top}/") == UNREADABLE {
                     continue;
@@ -229,7 +235,7 @@ async fn sweep_blob(
     match fate::before_reading(blob.parsed.is_some(), blob.listed.size, max) {
         First::Leave(why) => return left(why),
         First::SetAside { why } => {
-            return set_aside(processor, container, name, blob.listed.size, why).await
+            return set_aside(processor, container, name, blob.listed.size, None, why).await
         }
         First::Read => {}
     }
@@ -244,7 +250,15 @@ async fn sweep_blob(
         }
         // It grew past the bound after it was listed.
         Ok(Read::TooLarge { size }) => {
-            return set_aside(processor, container, name, size, fate::too_large(size, max)).await
+            return set_aside(
+                processor,
+                container,
+                name,
+                size,
+                None,
+                fate::too_large(size, max),
+            )
+            .await
         }
         Err(e) => return left(e.to_string()),
     };
@@ -252,9 +266,8 @@ async fn sweep_blob(
         Ok(events) => events,
         Err(unreadable) => {
             let size = bytes.len() as u64;
-            drop(bytes);
             let why = format!("holds no events: {unreadable}");
-            return set_aside(processor, container, name, size, why).await;
+            return set_aside(processor, container, name, size, Some(bytes), why).await;
         }
     };
     let count = events.len() as u64;
@@ -294,12 +307,15 @@ async fn moved_by_another(container: &Container, name: &str) -> Result<bool, Blo
 
 /// A blob the sweep will not replay (`why`): stored as poison with its
 /// name, size and reason (its body stays in the blob), then moved under
-/// `unreadable/` unread; left in place when either fails.
+/// `unreadable/`: with the `bytes` read (bounded) in hand, a conditional
+/// write of them; else streamed without being held; left in place when
+/// either fails.
 async fn set_aside(
     processor: &Processor,
     container: &Container,
     name: &str,
     size: u64,
+    bytes: Option<bytes::Bytes>,
     why: String,
 ) -> Fate {
     let left = |why: String| Fate::Left { events: 0, why };
@@ -324,7 +340,11 @@ async fn set_aside(
         }
     }
     log::warn!("dead letter {}", escaped(&reason));
-    match container.move_unread(UNREADABLE, name, size).await {
+    let moved = match bytes {
+        Some(bytes) => container.move_under(UNREADABLE, name, bytes).await,
+        None => container.move_unread(UNREADABLE, name, size).await,
+    };
+    match moved {
         Ok(moved) => Fate::SetAside { why, moved },
         Err(e) => left(format!("{why}; stored, but not moved: {e}")),
     }

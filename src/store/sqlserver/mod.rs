@@ -208,8 +208,16 @@ impl SqlServerStore {
     /// Migrate within `bound` (the server waits at most three quarters of
     /// it for another process's migration lock), then check this user's
     /// rights; open the schema gate only when both succeed. `hint` says
-    /// what to do when the bound passes first.
-    async fn migrate_within(&self, bound: Duration, hint: &str) -> Result<(), StoreError> {
+    /// what to do when the bound passes first. `rights_refuse`: a missing
+    /// right refuses (a start of the app) or is only said (the admin's
+    /// `order-guard migrate`: an admin who may change the schema need not
+    /// hold the app's table rights, and the migration is done).
+    async fn migrate_within(
+        &self,
+        bound: Duration,
+        hint: &str,
+        rights_refuse: bool,
+    ) -> Result<(), StoreError> {
         let bounds = migrate::Bounds {
             lock_wait: bound * 3 / 4,
             batch_rows: self.migrate_batch_rows,
@@ -249,8 +257,12 @@ impl SqlServerStore {
         let rights = with_client!(self, "check rights", self.query_timeout, |client| {
             rights::check_on(client)
         })?;
-        if let Some(refusal) = rights::refusal(&rights) {
-            return Err(StoreError::Misconfigured(refusal));
+        match rights::refusal(&rights) {
+            Some(refusal) if rights_refuse => return Err(StoreError::Misconfigured(refusal)),
+            Some(refusal) => log::warn!(
+                "migrate: the schema is up to date; this user could not run the app itself: {refusal}"
+            ),
+            None => {}
         }
         self.schema_verified.store(true, Ordering::Release);
         Ok(())
@@ -503,6 +515,7 @@ impl OrderStore for SqlServerStore {
             self.query_timeout * 3,
             "run `order-guard migrate` as the database admin (its bound is \
              SQL_MIGRATE_TIMEOUT_SECONDS; a start's is 3 × SQL_QUERY_TIMEOUT_SECONDS)",
+            true,
         )
         .await
     }
@@ -511,6 +524,7 @@ impl OrderStore for SqlServerStore {
         self.migrate_within(
             self.migrate_timeout,
             "run `order-guard migrate` again, or raise SQL_MIGRATE_TIMEOUT_SECONDS",
+            false,
         )
         .await
     }

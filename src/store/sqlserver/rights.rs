@@ -58,14 +58,21 @@ pub fn refusal(rights: &Rights) -> Option<String> {
         .iter()
         .map(|m| format!("{} on {}", m.right, m.object))
         .collect();
-    let user = if rights.user.is_empty() {
-        "<the app's user>"
+    let (user, quoted) = if rights.user.is_empty() {
+        (
+            "<the app's user>".to_string(),
+            "[<the app's user>]".to_string(),
+        )
     } else {
-        rights.user.as_str()
+        // A bracketed identifier escapes `]` by doubling it.
+        (
+            rights.user.clone(),
+            format!("[{}]", rights.user.replace(']', "]]")),
+        )
     };
     Some(format!(
         "the database user {user} lacks {} right(s) order-guard needs: {}; as the database \
-         admin, run `ALTER ROLE {role} ADD MEMBER [{user}];` (README step 4; the role and its \
+         admin, run `ALTER ROLE {role} ADD MEMBER {quoted};` (README step 4; the role and its \
          grants are made by `order-guard migrate`, run as the admin first)",
         list.len(),
         list.join(", "),
@@ -112,6 +119,13 @@ mod tests {
             "{m}"
         );
         assert!(m.contains("README step 4"), "{m}");
+        // A name holding `]` stays one identifier in the statement to run.
+        let odd = Rights {
+            user: "ops]team".into(),
+            missing: vec![missing("EXECUTE", "dbo.OrderGuard_Execute_v1")],
+        };
+        let m = refusal(&odd).unwrap();
+        assert!(m.contains("ADD MEMBER [ops]]team];"), "{m}");
     }
 
     /// The check asks for exactly the rights `schema.sql` grants the role
