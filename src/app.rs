@@ -474,20 +474,21 @@ pub async fn replay(
     deliveries: Vec<Value>,
     concurrency: usize,
 ) -> ReplaySummary {
-    let results: Vec<(Vec<Outcome>, u64)> = futures::stream::iter(deliveries)
+    // A delivery's outcomes (`None`: not started, the replay having
+    // stopped) and its redeliveries.
+    let results: Vec<(Option<Vec<Outcome>>, u64)> = futures::stream::iter(deliveries)
         .map(|delivery| async move {
             let mut redeliveries = 0;
             loop {
                 if processor.operator_needed().is_some() {
-                    // Not started: unresolved, like one that kept failing.
-                    return (Vec::new(), redeliveries);
+                    return (None, redeliveries);
                 }
                 let result = processor.process_trigger(delivery.clone()).await;
                 if !result.needs_redelivery()
                     || redeliveries + 1 >= u64::from(REPLAY_MAX_ATTEMPTS)
                     || processor.operator_needed().is_some()
                 {
-                    return (result.outcomes, redeliveries);
+                    return (Some(result.outcomes), redeliveries);
                 }
                 redeliveries += 1;
                 let backoff = Duration::from_millis(10 * redeliveries.min(20));
@@ -501,7 +502,12 @@ pub async fn replay(
     for (outcomes, redeliveries) in results {
         summary.deliveries += 1;
         summary.retries += redeliveries;
-        if outcomes.is_empty() || outcomes.iter().any(|o| o.outcome.needs_redelivery()) {
+        // Not started counts as unresolved, like one that kept failing.
+        let Some(outcomes) = outcomes else {
+            summary.unresolved += 1;
+            continue;
+        };
+        if outcomes.iter().any(|o| o.outcome.needs_redelivery()) {
             summary.unresolved += 1;
         }
         for o in outcomes {
