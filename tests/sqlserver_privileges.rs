@@ -87,6 +87,26 @@ async fn replay(cs: &str, events: &[Value]) -> (bool, String, String, Duration) 
     )
 }
 
+/// The real handler's `serve` on `cs` (warnings and errors logged): its
+/// folder, log file, port and process.
+fn serve_as(
+    cs: &str,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    u16,
+    tokio::process::Child,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("handler.log");
+    let port = common::free_port();
+    let mut env = common::handler_env(port, dir.path());
+    env.push(("SQL_CONNECTION_STRING".into(), cs.to_string()));
+    env.push(("RUST_LOG".into(), "warn".into()));
+    let child = common::spawn_handler(&common::handler_binary(), &env, &log);
+    (dir, log, port, child)
+}
+
 /// `order-guard migrate` as `cs` (the admin).
 async fn migrate(cs: &str) {
     let out = order_guard(cs, &["migrate"]).output().await.unwrap();
@@ -286,13 +306,7 @@ async fn a_user_without_the_role_is_refused_at_start_naming_each_missing_right()
     assert!(took < Duration::from_secs(15), "replay took {took:?}");
 
     // serve: refuses to become ready, exits non-zero with the same message.
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("handler.log");
-    let port = common::free_port();
-    let mut env = common::handler_env(port, dir.path());
-    env.push(("SQL_CONNECTION_STRING".into(), none.clone()));
-    env.push(("RUST_LOG".into(), "warn".into()));
-    let mut child = common::spawn_handler(&common::handler_binary(), &env, &log);
+    let (_dir, log, _port, mut child) = serve_as(&none);
     let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
         .await
         .expect("serve as a user without rights did not stop within 20 s")
@@ -374,13 +388,7 @@ async fn an_older_schema_the_user_cannot_migrate_says_to_run_migrate_as_the_admi
     assert!(err.contains(want), "{err}");
     assert!(took < Duration::from_secs(15), "replay took {took:?}");
 
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("handler.log");
-    let port = common::free_port();
-    let mut env = common::handler_env(port, dir.path());
-    env.push(("SQL_CONNECTION_STRING".into(), app.clone()));
-    env.push(("RUST_LOG".into(), "warn".into()));
-    let mut child = common::spawn_handler(&common::handler_binary(), &env, &log);
+    let (_dir, log, port, mut child) = serve_as(&app);
     common::wait_ready(port, &mut child, Duration::from_secs(20))
         .await
         .unwrap_or_else(|e| panic!("{e}: {}", std::fs::read_to_string(&log).unwrap()));
