@@ -65,6 +65,10 @@ pub struct Quoted<'a>(pub &'a str);
 
 impl std::fmt::Display for Quoted<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The usual value needs nothing but `{:?}`: no copy on the line's path.
+        if !holds_warn(self.0) && !self.0.chars().any(needs_escape) {
+            return write!(f, "{:?}", self.0);
+        }
         let debug = format!("{:?}", self.0);
         // `{:?}` leaves bidi controls and separators it deems printable as
         // they are: escape whatever it left, as `escaped` does.
