@@ -7,7 +7,7 @@
 #
 # FILE       source files to mutate, one cargo-mutants run (`--file`) each;
 #            default: the files of the scores table in docs/testing.md
-#            (src/decision.rs src/finished.rs src/store/sqlite.rs
+#            (src/decision.rs src/finished.rs src/store/sqlite/mod.rs
 #            src/processor.rs src/guard/redis.rs src/hosting.rs
 #            src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs)
 # CARGO_TEST_ARGS
@@ -58,7 +58,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ ${#files[@]} -eq 0 ]; then
-  files=(src/decision.rs src/finished.rs src/store/sqlite.rs src/processor.rs src/guard/redis.rs
+  files=(src/decision.rs src/finished.rs src/store/sqlite/mod.rs src/processor.rs src/guard/redis.rs
     src/hosting.rs src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs)
 fi
 given_args=("$@")
@@ -68,7 +68,7 @@ selection_for() {
   case "$1" in
     src/decision.rs) echo --lib --test model --test processor --test liveness ;;
     src/finished.rs) echo --lib --test processor ;;
-    src/store/sqlite.rs)
+    src/store/sqlite/mod.rs)
       echo --lib --test store_conformance --test processor --test sqlite_writer \
         --test store_identity --test liveness ;;
     src/processor.rs)

@@ -24,6 +24,7 @@ pub mod host;
 pub mod hosting;
 pub mod logging;
 pub mod order;
+pub mod outbox;
 pub mod position;
 pub mod processor;
 pub mod store;

@@ -48,12 +48,33 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Announcements of executed orders (OUTBOX_STORAGE, OUTBOX_QUEUE):
+    /// list the undispatched, send them again, or dispatch now.
+    Outbox {
+        #[command(subcommand)]
+        action: OutboxAction,
+    },
     /// Dead-lettered events in Blob Storage (DEAD_LETTER_STORAGE,
     /// DEAD_LETTER_CONTAINER): count them, or replay them through the processor.
     DeadLetters {
         #[command(subcommand)]
         action: DeadLetterAction,
     },
+}
+
+#[derive(Subcommand)]
+enum OutboxAction {
+    /// Counts, then every announcement not dispatched yet (parked ones,
+    /// which wait for an operator, marked), oldest first.
+    List,
+    /// Make parked or waiting announcements due now (one, or all): the
+    /// dispatchers of the running instances send them.
+    Retry {
+        /// One announcement's message id (all when omitted).
+        message_id: Option<String>,
+    },
+    /// Send what is due now from this process, once, and say how many.
+    Dispatch,
 }
 
 #[derive(Subcommand)]
@@ -167,6 +188,21 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Status { order_id } => print!("{}", app::status(&config, &order_id).await?),
+        Command::Outbox {
+            action: OutboxAction::List,
+        } => print!("{}", app::outbox_list(&config).await?),
+        Command::Outbox {
+            action: OutboxAction::Retry { message_id },
+        } => {
+            let n = app::outbox_retry(&config, message_id.as_deref()).await?;
+            println!("{n} announcements due now");
+        }
+        Command::Outbox {
+            action: OutboxAction::Dispatch,
+        } => {
+            let n = app::outbox_dispatch(&config).await?;
+            println!("{n} announcements dispatched");
+        }
         Command::PruneGuard { dry_run } => {
             let summary = app::prune_guard(&config, dry_run).await?;
             println!("{summary}");

@@ -34,6 +34,7 @@ use crate::faults;
 use crate::finished::{FinishedCacheSettings, FinishedOrders};
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
 use crate::order::{probable_order_id, FractionalNumbers, Order};
+use crate::outbox::Announcer;
 use crate::store::{conflict_reason, Execution, OrderStore, Rejection, RejectionKind, StoreError};
 use crate::telemetry::{EventTelemetry, StepTiming};
 
@@ -169,6 +170,9 @@ pub struct Processor {
     telemetry: Option<Arc<EventTelemetry>>,
     /// The first store failure no retry can fix (`StoreError::needs_operator`).
     operator_needed: std::sync::OnceLock<String>,
+    /// Wakes the outbox's dispatcher after an execution (`None`: nothing
+    /// is dispatched by this process).
+    announcer: Option<Announcer>,
 }
 
 /// An order and the event it came in, ready for the four steps.
@@ -195,7 +199,15 @@ impl Processor {
             store_id: tokio::sync::OnceCell::new(),
             telemetry: None,
             operator_needed: std::sync::OnceLock::new(),
+            announcer: None,
         }
+    }
+
+    /// Wake `announcer` after each execution, so its announcement is sent
+    /// right after the commit (the reply never waits for it).
+    pub fn with_announcer(mut self, announcer: Option<Announcer>) -> Processor {
+        self.announcer = announcer;
+        self
     }
 
     /// The first store failure this processor met that no retry can fix
@@ -533,7 +545,12 @@ impl Processor {
                     Execution::Conflict {
                         existing_fingerprint,
                     } => facts.existing = Some(existing_fingerprint.clone()),
-                    Execution::Executed | Execution::AlreadyDone => {}
+                    Execution::Executed => {
+                        if let Some(a) = &self.announcer {
+                            a.executed();
+                        }
+                    }
+                    Execution::AlreadyDone => {}
                 }
                 Reply::Executed(execution)
             }

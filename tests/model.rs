@@ -19,7 +19,8 @@
 //!   store's one call (issue 23): the row inserted executed, or a row of
 //!   another content stored as a conflict of this delivery, or a `Received`
 //!   row of this content executed (forward-only, the effect applied with
-//!   it), or a terminal row answered a duplicate, all in one transaction.
+//!   it, and its announcement written to the outbox with it: issue 32), or
+//!   a terminal row answered a duplicate, all in one transaction.
 //!   Two initial worlds: a new order, and one whose row an earlier version
 //!   (two calls: accept, then execute) left `Received`.
 //! - **Each worker's cache of finished orders** (`src/finished.rs`): what it
@@ -127,6 +128,9 @@ struct World {
     row: Option<Row>,
     /// Effects applied, per content (the position moved).
     executions: [u8; 2],
+    /// Announcements written to the outbox, per content (issue 32): in the
+    /// execution's transaction, so one per execution, never another.
+    announcements: [u8; 2],
     /// Conflicts stored in `RejectedEvents`, per delivery.
     conflicts: Vec<bool>,
     late: Vec<Late>,
@@ -152,6 +156,9 @@ enum Bug {
     /// `execute` of a row that holds another order's content (the
     /// fingerprint not compared).
     ExecuteOtherContent,
+    /// The announcement written whenever the call finds the order done (a
+    /// duplicate announced again), not only with its execution.
+    AnnounceDuplicates,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -275,6 +282,7 @@ impl ProtocolModel {
                 status: OrderStatus::Executed,
             });
             w.executions[content as usize] += 1;
+            w.announcements[content as usize] += 1;
             return Execution::Executed;
         };
         if row.content != content && self.bug != Bug::ExecuteOtherContent {
@@ -288,8 +296,12 @@ impl ProtocolModel {
         if forward {
             row.status = OrderStatus::Executed;
             w.executions[content as usize] += 1;
+            w.announcements[content as usize] += 1;
             Execution::Executed
         } else {
+            if self.bug == Bug::AnnounceDuplicates {
+                w.announcements[content as usize] += 1;
+            }
             Execution::AlreadyDone
         }
     }
@@ -456,6 +468,7 @@ impl Model for ProtocolModel {
             key: None,
             row: None,
             executions: [0, 0],
+            announcements: [0, 0],
             conflicts: vec![false; DELIVERIES.len()],
             late: Vec::new(),
             faults_left: self.faults,
@@ -589,6 +602,10 @@ impl Model for ProtocolModel {
                 },
             ),
             Property::always(
+                "every execution announced once, nothing else announced",
+                |_, w: &World| w.announcements == w.executions,
+            ),
+            Property::always(
                 "a release never deletes another worker's reservation",
                 |_, w: &World| !w.foreign_release,
             ),
@@ -661,10 +678,11 @@ fn summary(w: &World) -> String {
         })
         .collect();
     format!(
-        "key={:?} row={:?} executions={:?} conflicts={:?} deliveries={:?} workers=[{}] caches={:?} late={:?}",
+        "key={:?} row={:?} executions={:?} announcements={:?} conflicts={:?} deliveries={:?} workers=[{}] caches={:?} late={:?}",
         w.key,
         w.row.map(|r| (r.content, r.status)),
         w.executions,
+        w.announcements,
         w.conflicts,
         w.deliveries,
         workers.join("; "),
@@ -851,5 +869,13 @@ fn executing_a_row_that_holds_another_order_is_caught() {
     finds(
         Bug::ExecuteOtherContent,
         "never a conflicting content executed",
+    );
+}
+
+#[test]
+fn announcing_a_duplicate_is_caught() {
+    finds(
+        Bug::AnnounceDuplicates,
+        "every execution announced once, nothing else announced",
     );
 }

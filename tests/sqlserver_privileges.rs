@@ -258,14 +258,17 @@ async fn a_user_without_the_role_is_refused_at_start_naming_each_missing_right()
     match store(&partial).migrate().await {
         Err(StoreError::Misconfigured(m)) => {
             let missing = [
-                "EXECUTE on dbo.OrderGuard_Execute_v1",
+                "EXECUTE on dbo.OrderGuard_Execute_v2",
                 "INSERT on dbo.Orders",
                 "UPDATE on dbo.Orders",
                 "INSERT on dbo.Positions",
                 "UPDATE on dbo.Positions",
+                "INSERT on dbo.Outbox",
+                "UPDATE on dbo.Outbox",
+                "DELETE on dbo.Outbox",
             ];
             assert!(m.contains(&missing.join(", ")), "{m}");
-            assert!(m.contains("lacks 5 right(s)"), "{m}");
+            assert!(m.contains("lacks 8 right(s)"), "{m}");
             assert!(!m.contains("SELECT on"), "it has those: {m}");
             assert!(
                 m.contains("ALTER ROLE order_guard_app ADD MEMBER [og_partial];"),
@@ -298,7 +301,7 @@ async fn a_user_without_the_role_is_refused_at_start_naming_each_missing_right()
     let (ok, out, err, took) = replay(&none, &events).await;
     assert!(!ok, "replay as a user without rights succeeded: {out}{err}");
     assert!(
-        err.contains("EXECUTE on dbo.OrderGuard_Execute_v1")
+        err.contains("EXECUTE on dbo.OrderGuard_Execute_v2")
             && err.contains("ALTER ROLE order_guard_app ADD MEMBER [og_none]"),
         "{err}"
     );
@@ -314,7 +317,7 @@ async fn a_user_without_the_role_is_refused_at_start_naming_each_missing_right()
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(!status.success(), "{said}");
     assert!(
-        said.contains("EXECUTE on dbo.OrderGuard_Execute_v1")
+        said.contains("EXECUTE on dbo.OrderGuard_Execute_v2")
             && said.contains("ALTER ROLE order_guard_app ADD MEMBER [og_none]"),
         "{said}"
     );
@@ -377,7 +380,7 @@ async fn an_older_schema_the_user_cannot_migrate_says_to_run_migrate_as_the_admi
         "GRANT SELECT, INSERT, UPDATE ON SCHEMA::dbo TO og_v2app",
     )
     .await;
-    let want = "the schema is at version 2, this build needs version 3: run `order-guard migrate` \
+    let want = "the schema is at version 2, this build needs version 4: run `order-guard migrate` \
                 as the database admin (README step 4)";
     match store(&app).migrate().await {
         Err(StoreError::Unmigrated(m)) => assert!(m.starts_with(want), "{m}"),

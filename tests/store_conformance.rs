@@ -6,10 +6,14 @@ mod common;
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use order_guard::order::{Order, OrderStatus};
 use order_guard::position::Position;
-use order_guard::store::{Execution, OrderStore, Rejection, RejectionKind};
+use order_guard::store::{
+    message_id, Announcement, Claim, Deferral, Execution, Listing, OrderStore, Rejection,
+    RejectionKind, ORDER_EXECUTED,
+};
 use rust_decimal::Decimal;
 use serde_json::json;
 
@@ -306,6 +310,203 @@ mod suite {
             "0.0000000002 must not vanish next to eight 999999999999999999"
         );
     }
+
+    /// The announcement of one order, dispatched or not (at most one).
+    async fn announcement_of(store: &dyn OrderStore, order_id: &str) -> Option<Announcement> {
+        let rows = store
+            .announcements(&Listing::Order(order_id.to_string()), 10)
+            .await
+            .unwrap();
+        assert!(rows.len() <= 1, "one announcement per order: {rows:?}");
+        rows.into_iter().next()
+    }
+
+    /// Issue 32: the call that executes an order writes its announcement,
+    /// in the same transaction, with the facts a consumer acts on; a
+    /// duplicate, a conflict and a redelivery write none.
+    pub async fn an_execution_is_announced_once_and_nothing_else_is(store: Arc<dyn OrderStore>) {
+        let account = unique_id("acct");
+        let o = order(&unique_id("ord"), &account, "buy", "25.5");
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::Executed
+        );
+        let a = announcement_of(store.as_ref(), &o.order_id)
+            .await
+            .expect("an executed order is announced");
+        let row = store.order(&o.order_id).await.unwrap().unwrap();
+        assert_eq!(a.message_id, message_id(&o.order_id));
+        assert_eq!(a.kind, ORDER_EXECUTED);
+        assert_eq!(
+            (a.account_id.as_str(), a.side.as_str(), a.symbol.as_str()),
+            (account.as_str(), "buy", "MSFT")
+        );
+        assert_eq!(a.quantity, dec("25.5"));
+        assert_eq!(a.position_after, pos("25.5"));
+        assert_eq!(Some(a.executed_at.clone()), row.executed_at, "one instant");
+        assert_eq!(a.fingerprint, o.fingerprint());
+        assert_eq!(
+            (a.attempts, a.parked, a.dispatched_at.clone()),
+            (0, false, None)
+        );
+        // The position after each order, in order.
+        let sell = order(&unique_id("ord"), &account, "sell", "30");
+        store.execute(&sell, "e", "{}").await.unwrap();
+        let b = announcement_of(store.as_ref(), &sell.order_id)
+            .await
+            .unwrap();
+        assert_eq!(b.position_after, pos("-4.5"));
+        assert!(b.seq > a.seq, "announced in execution order");
+        // A duplicate writes nothing.
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::AlreadyDone
+        );
+        assert_eq!(announcement_of(store.as_ref(), &o.order_id).await, Some(a));
+        // A conflict (another order under this id) writes none either.
+        let other = order(&o.order_id, &account, "sell", "1");
+        assert!(matches!(
+            store.execute(&other, "e2", "{}").await.unwrap(),
+            Execution::Conflict { .. }
+        ));
+        assert_eq!(
+            store
+                .announcements(&Listing::Order(o.order_id.clone()), 10)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    /// The dispatcher's side: a claim leases each due row to one claimer;
+    /// a mark ends it; a deferral counts, keeps why and makes it due again
+    /// later (or parks it for an operator, whose retry makes it due now);
+    /// the retention deletes only what was dispatched before it.
+    pub async fn announcements_are_claimed_once_marked_deferred_and_purged(
+        store: Arc<dyn OrderStore>,
+    ) {
+        let account = unique_id("acct");
+        let orders: Vec<_> = (0..3)
+            .map(|_| order(&unique_id("ord"), &account, "buy", "1"))
+            .collect();
+        for o in &orders {
+            store.execute(o, "e", "{}").await.unwrap();
+        }
+        let ids: Vec<String> = orders.iter().map(|o| message_id(&o.order_id)).collect();
+        let mine = |claim: &Claim| -> Vec<String> {
+            claim
+                .rows
+                .iter()
+                .filter(|r| ids.contains(&r.message_id))
+                .map(|r| r.message_id.clone())
+                .collect()
+        };
+        let lease = Duration::from_secs(60);
+        // Other checks' rows may share this database: claim them all.
+        let first = store.claim_announcements(10_000, lease).await.unwrap();
+        assert_eq!(mine(&first), ids, "due, oldest first");
+        let second = store.claim_announcements(10_000, lease).await.unwrap();
+        assert!(mine(&second).is_empty(), "leased: {second:?}");
+        assert_ne!(first.token, second.token);
+
+        // Sent: marked, once.
+        assert_eq!(store.mark_announced(&ids[..1]).await.unwrap(), 1);
+        assert_eq!(store.mark_announced(&ids[..1]).await.unwrap(), 0);
+        let sent = announcement_of(store.as_ref(), &orders[0].order_id)
+            .await
+            .unwrap();
+        assert!(sent.dispatched_at.is_some());
+
+        // Failed: counted, due again at once here (retry_in 0).
+        let failed = Deferral {
+            message_id: ids[1].clone(),
+            error: "503 from the queue".into(),
+            retry_in: Duration::ZERO,
+            park: false,
+        };
+        // Another claim's token defers nothing.
+        store
+            .defer_announcement(&second.token, &failed)
+            .await
+            .unwrap();
+        let row = announcement_of(store.as_ref(), &orders[1].order_id)
+            .await
+            .unwrap();
+        assert_eq!(row.attempts, 0, "deferred under another claim's token");
+        store
+            .defer_announcement(&first.token, &failed)
+            .await
+            .unwrap();
+        let row = announcement_of(store.as_ref(), &orders[1].order_id)
+            .await
+            .unwrap();
+        assert_eq!(
+            (row.attempts, row.last_error.as_deref()),
+            (1, Some("503 from the queue"))
+        );
+        // Parked: left for an operator.
+        let parked = Deferral {
+            message_id: ids[2].clone(),
+            error: "413: too large".into(),
+            retry_in: Duration::ZERO,
+            park: true,
+        };
+        store
+            .defer_announcement(&first.token, &parked)
+            .await
+            .unwrap();
+        let third = store.claim_announcements(10_000, lease).await.unwrap();
+        assert_eq!(
+            mine(&third),
+            vec![ids[1].clone()],
+            "the deferred row, not the parked one"
+        );
+        let undispatched: Vec<String> = store
+            .announcements(&Listing::Undispatched, 10_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.message_id)
+            .filter(|id| ids.contains(id))
+            .collect();
+        assert_eq!(undispatched, ids[1..].to_vec());
+        let counts = store.outbox_counts().await.unwrap();
+        assert!(counts.parked >= 1 && counts.undispatched >= 2 && counts.dispatched >= 1);
+        // The operator's retry: due now, unparked.
+        assert_eq!(store.retry_announcements(Some(&ids[2])).await.unwrap(), 1);
+        let fourth = store.claim_announcements(10_000, lease).await.unwrap();
+        assert_eq!(mine(&fourth), vec![ids[2].clone()]);
+        assert_eq!(store.mark_announced(&ids[1..]).await.unwrap(), 2);
+
+        // The retention: nothing dispatched a day ago here; everything
+        // dispatched before now goes, and nothing undispatched ever.
+        let day = Duration::from_secs(86_400);
+        store.purge_announced(day, 10_000).await.unwrap();
+        assert!(announcement_of(store.as_ref(), &orders[0].order_id)
+            .await
+            .is_some());
+        let late = order(&unique_id("ord"), &account, "buy", "1");
+        store.execute(&late, "e", "{}").await.unwrap();
+        // DispatchedAt is stored to the millisecond: be past it.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut purged = 0;
+        loop {
+            let n = store.purge_announced(Duration::ZERO, 2).await.unwrap();
+            assert!(n <= 2, "a purge deletes at most its limit");
+            purged += n;
+            if n == 0 {
+                break;
+            }
+        }
+        assert!(purged >= 3, "{purged}");
+        for o in &orders {
+            assert_eq!(announcement_of(store.as_ref(), &o.order_id).await, None);
+        }
+        assert!(announcement_of(store.as_ref(), &late.order_id)
+            .await
+            .is_some());
+    }
 }
 
 /// What a check needs beyond the store: direct access to its database, for
@@ -463,6 +664,14 @@ mod seeded {
             );
             assert_eq!(stored[0].raw_event, raw);
             assert_eq!(stored[0].fingerprint.as_deref(), Some(o.fingerprint()));
+            assert_eq!(
+                store
+                    .announcements(&Listing::Order(o.order_id.clone()), 10)
+                    .await
+                    .unwrap(),
+                vec![],
+                "a rejected order is not announced"
+            );
             // Terminal: a redelivery is a duplicate, nothing more is stored.
             assert_eq!(
                 store.execute(&o, "e-overflow", &raw).await.unwrap(),
@@ -567,7 +776,9 @@ macro_rules! conformance {
                 ids_differing_only_in_case_are_different,
                 identity_is_made_once_with_the_schema,
                 exact_decimals_round_trip,
-                positions_stay_exact_beyond_28_digits);
+                positions_stay_exact_beyond_28_digits,
+                an_execution_is_announced_once_and_nothing_else_is,
+                announcements_are_claimed_once_marked_deferred_and_purged);
             conformance!(@seeded $make;
                 an_overflowing_order_is_rejected_and_stored,
                 a_row_an_earlier_version_left_received_is_resumed,

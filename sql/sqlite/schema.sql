@@ -1,4 +1,5 @@
--- order-guard schema for the embedded SQLite store (version 1).
+-- order-guard schema for the embedded SQLite store (version 2: version 1
+-- plus the outbox).
 -- Applied by `order-guard migrate` (and at `serve` start) inside one
 -- IMMEDIATE transaction, so it is idempotent and safe from two processes.
 -- Decimals are kept as exact decimal text, never as REAL.
@@ -64,5 +65,36 @@ CREATE TABLE IF NOT EXISTS StoreIdentity (
 INSERT INTO StoreIdentity (Id)
 SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM StoreIdentity);
 
+-- The outbox (version 2): one row per executed order, written in the
+-- transaction that executes it, dispatched after the commit, deleted after
+-- a retention (src/store/announcement.rs). Times are UTC text of one
+-- format, so they compare as text. The index serves both the claim
+-- (DispatchedAt IS NULL, in Seq order) and the purge (oldest DispatchedAt).
+CREATE TABLE IF NOT EXISTS Outbox (
+    Seq           INTEGER PRIMARY KEY,
+    MessageId     TEXT NOT NULL,
+    Kind          TEXT NOT NULL,
+    OrderId       TEXT NOT NULL,
+    AccountId     TEXT NOT NULL,
+    Side          TEXT NOT NULL,
+    Symbol        TEXT NOT NULL,
+    Quantity      TEXT NOT NULL,
+    PositionAfter TEXT NOT NULL,
+    Fingerprint   TEXT NOT NULL,
+    ExecutedAt    TEXT NOT NULL,
+    CreatedAt     TEXT NOT NULL,
+    Attempts      INTEGER NOT NULL DEFAULT 0,
+    NextAttemptAt TEXT NOT NULL,
+    LeaseUntil    TEXT NOT NULL,
+    ClaimToken    TEXT,
+    LastError     TEXT,
+    Parked        INTEGER NOT NULL DEFAULT 0,
+    DispatchedAt  TEXT
+);
+CREATE UNIQUE INDEX IF NOT EXISTS UX_Outbox_MessageId ON Outbox (MessageId);
+CREATE INDEX IF NOT EXISTS IX_Outbox_DispatchedAt ON Outbox (DispatchedAt, Seq);
+
 INSERT OR IGNORE INTO SchemaVersion (Version, AppliedAt)
 VALUES (1, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));
+INSERT OR IGNORE INTO SchemaVersion (Version, AppliedAt)
+VALUES (2, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));

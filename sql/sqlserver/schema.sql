@@ -1,4 +1,4 @@
--- order-guard schema for SQL Server / Azure SQL (version 3).
+-- order-guard schema for SQL Server / Azure SQL (version 4).
 --
 -- Applied by `order-guard migrate` (and at every start, bounded) under an
 -- exclusive application lock (sp_getapplock, owned by the session), so two
@@ -153,6 +153,51 @@ IF NOT EXISTS (SELECT 1 FROM dbo.StoreIdentity)
     INSERT INTO dbo.StoreIdentity (Id) VALUES (LOWER(CONVERT(NVARCHAR(36), NEWID())));
 GO
 
+-- The outbox (version 4, issue 32): one row per executed order, written by
+-- the execution procedure in the transaction that executes it, dispatched
+-- after the commit, deleted after a retention (src/store/announcement.rs).
+-- PositionUnits is the position after the order, in units as in Positions.
+-- A claim leases rows (LeaseUntil, ClaimToken); a failed send counts
+-- (Attempts, LastError) and waits (NextAttemptAt), or is parked for an
+-- operator. IX_Outbox_DispatchedAt serves both the claim (DispatchedAt IS
+-- NULL, in Seq order) and the retention's purge (oldest DispatchedAt first).
+IF OBJECT_ID(N'dbo.Outbox', N'U') IS NULL
+    CREATE TABLE dbo.Outbox (
+        Seq           BIGINT IDENTITY(1, 1) NOT NULL,
+        MessageId     NVARCHAR(36)    COLLATE Latin1_General_100_BIN2 NOT NULL,
+        Kind          NVARCHAR(64)    NOT NULL,
+        OrderId       NVARCHAR(128)   COLLATE Latin1_General_100_BIN2 NOT NULL,
+        AccountId     NVARCHAR(128)   COLLATE Latin1_General_100_BIN2 NOT NULL,
+        Side          NVARCHAR(8)     NOT NULL,
+        Symbol        NVARCHAR(128)   COLLATE Latin1_General_100_BIN2 NOT NULL,
+        Quantity      DECIMAL(28, 10) NOT NULL,
+        PositionUnits DECIMAL(38, 0)  NOT NULL,
+        Fingerprint   NVARCHAR(128)   COLLATE Latin1_General_100_BIN2 NOT NULL,
+        ExecutedAt    DATETIME2(3)    NOT NULL,
+        CreatedAt     DATETIME2(3)    NOT NULL,
+        Attempts      INT             NOT NULL CONSTRAINT DF_Outbox_Attempts DEFAULT 0,
+        NextAttemptAt DATETIME2(3)    NOT NULL,
+        LeaseUntil    DATETIME2(3)    NOT NULL,
+        ClaimToken    NVARCHAR(36)    NULL,
+        LastError     NVARCHAR(1024)  NULL,
+        Parked        BIT             NOT NULL CONSTRAINT DF_Outbox_Parked DEFAULT 0,
+        DispatchedAt  DATETIME2(3)    NULL,
+        CONSTRAINT PK_Outbox PRIMARY KEY (Seq)
+    );
+GO
+
+-- One announcement per message id (a second execution of an order cannot
+-- happen; were it to, this fails it).
+IF NOT EXISTS (SELECT 1 FROM sys.indexes
+                WHERE name LIKE N'UX[_]Outbox[_]MessageId%' AND object_id = OBJECT_ID(N'dbo.Outbox'))
+    CREATE UNIQUE INDEX UX_Outbox_MessageId ON dbo.Outbox (MessageId);
+GO
+
+IF NOT EXISTS (SELECT 1 FROM sys.indexes
+                WHERE name LIKE N'IX[_]Outbox[_]DispatchedAt%' AND object_id = OBJECT_ID(N'dbo.Outbox'))
+    CREATE INDEX IX_Outbox_DispatchedAt ON dbo.Outbox (DispatchedAt, Seq);
+GO
+
 -- The application's rights (issue 33): a role of our own (Babelfish has no
 -- db_datareader / db_datawriter, and those grant no EXECUTE), granted
 -- exactly what `serve`, `replay`, the dead-letter sweep and `status` need;
@@ -161,7 +206,9 @@ GO
 -- written only through the execution procedure, whose EXECUTE is granted
 -- where `migrate` creates it (`sql::execute_procedure_batches`), and
 -- directly as well, since an engine may run a procedure with its caller's
--- rights (Babelfish does). No DELETE, no DDL. GRANT is idempotent.
+-- rights (Babelfish does). The outbox is read, claimed, marked and, past
+-- its retention, deleted by the dispatcher: the only DELETE granted. No
+-- DDL. GRANT is idempotent.
 -- `sql::APP_RIGHTS` lists the same rights for the check at every start.
 IF DATABASE_PRINCIPAL_ID(N'order_guard_app') IS NULL
     CREATE ROLE order_guard_app;
@@ -172,6 +219,7 @@ GRANT SELECT ON dbo.StoreIdentity TO order_guard_app;
 GRANT SELECT, INSERT, UPDATE ON dbo.Orders TO order_guard_app;
 GRANT SELECT, INSERT, UPDATE ON dbo.Positions TO order_guard_app;
 GRANT SELECT, INSERT, UPDATE ON dbo.RejectedEvents TO order_guard_app;
+GRANT SELECT, INSERT, UPDATE, DELETE ON dbo.Outbox TO order_guard_app;
 GO
 
 -- order-guard: rows are rewritten here
@@ -192,8 +240,15 @@ END
 GO
 
 -- Version 2: version 1 plus StoreIdentity. Version 3: positions in units
--- (above). The row is written last, in the migration's transaction: when it
--- is there, everything above is.
+-- (above). Version 4: the outbox and the execution procedure that writes
+-- it. The rows are written last, in the migration's transaction: when they
+-- are there, everything above is. Version 3's row stays: instances of
+-- version 3 still running during a rolling upgrade check for it, and go on
+-- with their own procedure (`_v1`, left in place), unannounced.
 IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 3)
     INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (3, SYSUTCDATETIME());
+GO
+
+IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 4)
+    INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (4, SYSUTCDATETIME());
 GO

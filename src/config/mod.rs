@@ -12,17 +12,20 @@ use crate::guard::MEMORY_GUARD_MAX_COMPLETED;
 use crate::host::Limits;
 use crate::hosting;
 use crate::order::FractionalNumbers;
+use crate::outbox::OutboxSettings;
 use crate::processor::{GuardPolicy, ProcessorSettings};
 use crate::store::sqlserver::SqlServerSettings;
 use crate::telemetry::TelemetrySettings;
 
 mod dead_letter;
 mod guard;
+mod outbox;
 mod state;
 mod telemetry;
 
 pub use dead_letter::DEFAULT_DEAD_LETTER_CONTAINER;
 pub use guard::{redis_url, GuardConfig, RedisAuth};
+pub use outbox::DEFAULT_OUTBOX_QUEUE;
 pub use state::{StoreConfig, DEFAULT_SQLITE_PATH};
 
 /// A configuration error: which variable, and what was expected.
@@ -61,6 +64,8 @@ pub struct Config {
     pub dead_letter: Option<DeadLetterSettings>,
     /// Metrics and traces (`OTEL_*`; nothing exported by default).
     pub telemetry: TelemetrySettings,
+    /// Where executions are announced (`OUTBOX_*`; kept, not sent, by default).
+    pub outbox: OutboxSettings,
     /// The state settings left unset (`REDIS_URL`, `SQL_CONNECTION_STRING`),
     /// so on their embedded default: operator commands that act on
     /// production data refuse to run that way by accident.
@@ -218,6 +223,9 @@ impl Config {
             )?,
         )?;
         let telemetry = telemetry::telemetry(&val)?;
+        // Dispatched announcements are kept at least as long as Event Grid
+        // retries a delivery (24 h): a week by default.
+        let outbox = outbox::outbox(&val, num("OUTBOX_RETENTION_HOURS", 168, 24, 24 * 365)?)?;
         Ok(Config {
             port,
             limits: Limits {
@@ -290,6 +298,7 @@ impl Config {
             shutdown_grace: Duration::from_secs(num("SHUTDOWN_GRACE_SECONDS", 25, 0, 300)?),
             dead_letter,
             telemetry,
+            outbox,
             defaulted_state: ["REDIS_URL", "SQL_CONNECTION_STRING"]
                 .into_iter()
                 .filter(|var| val(var).is_none())

@@ -21,7 +21,52 @@ use std::fmt;
 pub const EMULATOR_ACCOUNT: &str = "devstoreaccount1";
 pub const EMULATOR_KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
-const EMULATOR_BLOB_ENDPOINT: &str = "http://127.0.0.1:10000/devstoreaccount1";
+
+/// The storage service a value names: the dead letters' blobs, or the
+/// outbox's queue (`crate::outbox::queue`). The two read the same forms;
+/// only the names differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    Blob,
+    Queue,
+}
+
+impl Service {
+    /// The host label (`<account>.blob.core.windows.net`).
+    fn label(self) -> &'static str {
+        match self {
+            Service::Blob => "blob",
+            Service::Queue => "queue",
+        }
+    }
+    /// The connection string's key for the service's own endpoint.
+    fn endpoint_key(self) -> &'static str {
+        match self {
+            Service::Blob => "BlobEndpoint",
+            Service::Queue => "QueueEndpoint",
+        }
+    }
+    /// Azurite's default endpoint for the service.
+    fn emulator_endpoint(self) -> &'static str {
+        match self {
+            Service::Blob => "http://127.0.0.1:10000/devstoreaccount1",
+            Service::Queue => "http://127.0.0.1:10001/devstoreaccount1",
+        }
+    }
+    fn emulator_port(self) -> u16 {
+        match self {
+            Service::Blob => 10000,
+            Service::Queue => 10001,
+        }
+    }
+    /// What a URL of the service names last.
+    fn resource(self) -> &'static str {
+        match self {
+            Service::Blob => "container",
+            Service::Queue => "queue",
+        }
+    }
+}
 
 /// A value that is never shown.
 #[derive(Clone, PartialEq, Eq)]
@@ -129,9 +174,16 @@ pub fn split_connection_string(v: &str) -> Result<Vec<(String, String)>, String>
 /// Read `DEAD_LETTER_STORAGE` (see the module documentation). Errors never
 /// quote the value.
 pub fn parse_storage(v: &str) -> Result<StorageTarget, String> {
+    parse_storage_of(v, Service::Blob)
+}
+
+/// [`parse_storage`] for `service`: its endpoint key (`QueueEndpoint`), its
+/// host label, its emulator port; a URL names a queue instead of a
+/// container (`container` then holds the queue).
+pub fn parse_storage_of(v: &str, service: Service) -> Result<StorageTarget, String> {
     let v = v.trim();
     if v.starts_with("https://") || v.starts_with("http://") {
-        return parse_container_url(v);
+        return parse_container_url(v, service);
     }
     let pairs = split_connection_string(v)?;
     let get = |key: &str| {
@@ -148,7 +200,7 @@ pub fn parse_storage(v: &str) -> Result<StorageTarget, String> {
     if get("UseDevelopmentStorage").is_some_and(|u| u.eq_ignore_ascii_case("true")) {
         let endpoint = match get("DevelopmentStorageProxyUri") {
             Some(proxy) => format!("{}/{EMULATOR_ACCOUNT}", proxy.trim_end_matches('/')),
-            None => EMULATOR_BLOB_ENDPOINT.to_string(),
+            None => service.emulator_endpoint().to_string(),
         };
         return Ok(StorageTarget {
             account: EMULATOR_ACCOUNT.into(),
@@ -157,15 +209,16 @@ pub fn parse_storage(v: &str) -> Result<StorageTarget, String> {
             container: None,
         });
     }
-    let endpoint = match get("BlobEndpoint") {
+    let endpoint_key = service.endpoint_key();
+    let endpoint = match get(endpoint_key) {
         Some(e) => {
-            check_endpoint(e, "BlobEndpoint")?;
+            check_endpoint(e, endpoint_key)?;
             e.trim_end_matches('/').to_string()
         }
         None => {
-            let account = get("AccountName").ok_or(
-                "the connection string has neither AccountName nor BlobEndpoint (expected DefaultEndpointsProtocol=https;AccountName=…;AccountKey=…;EndpointSuffix=core.windows.net, as the portal's Access keys page shows it)",
-            )?;
+            let account = get("AccountName").ok_or_else(|| format!(
+                "the connection string has neither AccountName nor {endpoint_key} (expected DefaultEndpointsProtocol=https;AccountName=…;AccountKey=…;EndpointSuffix=core.windows.net, as the portal's Access keys page shows it)",
+            ))?;
             check_account(account)?;
             let protocol = get("DefaultEndpointsProtocol").unwrap_or("https");
             if !protocol.eq_ignore_ascii_case("https") && !protocol.eq_ignore_ascii_case("http") {
@@ -175,8 +228,9 @@ pub fn parse_storage(v: &str) -> Result<StorageTarget, String> {
             }
             let suffix = get("EndpointSuffix").unwrap_or("core.windows.net");
             format!(
-                "{}://{account}.blob.{suffix}",
-                protocol.to_ascii_lowercase()
+                "{}://{account}.{}.{suffix}",
+                protocol.to_ascii_lowercase(),
+                service.label()
             )
         }
     };
@@ -185,9 +239,9 @@ pub fn parse_storage(v: &str) -> Result<StorageTarget, String> {
             check_account(a)?;
             a.to_string()
         }
-        None => account_of_endpoint(&endpoint).ok_or(
-            "the connection string has no AccountName, and the account cannot be read from its BlobEndpoint",
-        )?,
+        None => account_of_endpoint(&endpoint, service).ok_or_else(|| format!(
+            "the connection string has no AccountName, and the account cannot be read from its {endpoint_key}",
+        ))?,
     };
     let credential = match (get("AccountKey"), get("SharedAccessSignature")) {
         (Some(key), _) => {
@@ -200,7 +254,7 @@ pub fn parse_storage(v: &str) -> Result<StorageTarget, String> {
         (None, None) => Credential::EntraId,
     };
     if endpoint.starts_with("http://") && credential == Credential::EntraId {
-        return Err("Entra ID tokens are never sent over plain http: use an https BlobEndpoint, or give an AccountKey (an emulator)".into());
+        return Err(format!("Entra ID tokens are never sent over plain http: use an https {endpoint_key}, or give an AccountKey (an emulator)"));
     }
     Ok(StorageTarget {
         account,
@@ -212,7 +266,8 @@ pub fn parse_storage(v: &str) -> Result<StorageTarget, String> {
 
 /// `https://<account>.blob.core.windows.net/<container>[?<sas>]`, or a
 /// path-style `http://127.0.0.1:<port>/<account>/<container>` (an emulator).
-fn parse_container_url(v: &str) -> Result<StorageTarget, String> {
+fn parse_container_url(v: &str, service: Service) -> Result<StorageTarget, String> {
+    let (label, resource) = (service.label(), service.resource());
     let (base, query) = match v.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (v, None),
@@ -226,7 +281,7 @@ fn parse_container_url(v: &str) -> Result<StorageTarget, String> {
         );
     }
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let path_style = !host.contains(".blob.");
+    let path_style = !host.contains(&format!(".{label}."));
     let (account, container, endpoint) = match (path_style, segments.as_slice()) {
         (false, [container]) => {
             let account = host.split('.').next().unwrap_or("").to_string();
@@ -238,25 +293,28 @@ fn parse_container_url(v: &str) -> Result<StorageTarget, String> {
             format!("{scheme}://{host}/{account}"),
         ),
         _ => {
-            return Err("a container URL must name one container: https://<account>.blob.core.windows.net/<container> (a path-style emulator URL: http://127.0.0.1:10000/<account>/<container>)".into())
+            let port = service.emulator_port();
+            return Err(format!("a {resource} URL must name one {resource}: https://<account>.{label}.core.windows.net/<{resource}> (a path-style emulator URL: http://127.0.0.1:{port}/<account>/<{resource}>)"));
         }
     };
     check_account(&account)?;
-    check_endpoint(&endpoint, "the container URL")?;
+    check_endpoint(&endpoint, &format!("the {resource} URL"))?;
     // Not quoted: an operator who pastes `URL;AccountKey=…` would see the
     // key in the error (found by fuzz/fuzz_targets/dead_letters.rs).
+    // Queue names follow the rules of container names.
     check_container(container).map_err(|_| {
-        "the last part of the container URL's path is not a container name: 3 to 63 lowercase \
-         letters, digits and single hyphens, starting and ending with a letter or digit"
-            .to_string()
+        format!(
+            "the last part of the {resource} URL's path is not a {resource} name: 3 to 63 lowercase \
+             letters, digits and single hyphens, starting and ending with a letter or digit"
+        )
     })?;
     let credential = match query.filter(|q| !q.is_empty()) {
         Some(q) if q.contains("sig=") => Credential::Sas(Secret::new(q)),
         Some(_) => {
-            return Err("the container URL's query is not a shared access signature (no sig=)".into())
+            return Err(format!("the {resource} URL's query is not a shared access signature (no sig=)"))
         }
         None if scheme == "http" => {
-            return Err("a plain-http container URL needs a SAS query: Entra ID tokens are never sent over http".into())
+            return Err(format!("a plain-http {resource} URL needs a SAS query: Entra ID tokens are never sent over http"))
         }
         None => Credential::EntraId,
     };
@@ -297,10 +355,10 @@ fn check_endpoint(e: &str, what: &str) -> Result<(), String> {
 
 /// The account of `https://<account>.blob.…` or of path-style
 /// `http://127.0.0.1:10000/<account>`.
-fn account_of_endpoint(endpoint: &str) -> Option<String> {
+fn account_of_endpoint(endpoint: &str, service: Service) -> Option<String> {
     let rest = endpoint.split_once("://")?.1;
     let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let account = if host.contains(".blob.") {
+    let account = if host.contains(&format!(".{}.", service.label())) {
         host.split('.').next()?
     } else {
         path.split('/').next()?

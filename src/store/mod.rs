@@ -13,7 +13,13 @@
 //! repeating it is harmless. `reject` keeps every other event we will not
 //! execute, with its reason. Every backend runs the same conformance suite
 //! (`tests/store_conformance.rs`).
+//!
+//! The same call announces the execution: an outbox row ([`announcement`])
+//! is written in the transaction that executes the order, and only then;
+//! the outbox operations below claim, mark, defer and purge those rows for
+//! the dispatcher (`crate::outbox`).
 
+pub mod announcement;
 mod sqlite;
 pub mod sqlserver;
 
@@ -22,6 +28,7 @@ use rust_decimal::Decimal;
 use sha2::{Digest, Sha256};
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use crate::order::{
     canonical_instant, fingerprint_of, fingerprint_version, hex, FingerprintParts, Order,
@@ -29,6 +36,9 @@ use crate::order::{
 };
 use crate::position::{Overflow, Position};
 
+pub use self::announcement::{
+    message_id, Announcement, Claim, Deferral, Listing, OutboxCounts, ORDER_EXECUTED,
+};
 pub use self::sqlite::{
     Pressure, SqliteStore, MAX_GROUP as SQLITE_MAX_GROUP, MAX_QUEUED as SQLITE_MAX_QUEUED,
 };
@@ -38,8 +48,8 @@ pub use self::sqlserver::SqlServerStore;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Execution {
     /// This call executed the order: inserted it (or found it `Received`,
-    /// left by an earlier version's worker that died) and applied its
-    /// effect, in one transaction.
+    /// left by an earlier version's worker that died), applied its effect
+    /// and wrote its announcement (the outbox row), in one transaction.
     Executed,
     /// The order would take its position beyond `DECIMAL(38,10)`: this call
     /// stored it `Rejected` and the event in `RejectedEvents` with the
@@ -323,6 +333,40 @@ pub trait OrderStore: Send + Sync {
 
     /// Rejected events stored for an order id (`None`: those without an id).
     async fn rejections(&self, order_id: Option<&str>) -> Result<Vec<RejectedRecord>, StoreError>;
+
+    /// The outbox: claim up to `limit` announcements due for dispatch
+    /// (not dispatched, not parked, past their retry time, no live lease),
+    /// oldest first, under a lease of `lease` written on the rows with a
+    /// new token, so no other dispatcher claims them until it runs out.
+    async fn claim_announcements(&self, limit: u32, lease: Duration) -> Result<Claim, StoreError>;
+
+    /// Mark these announcements dispatched, in one call (one round trip,
+    /// one commit); answers how many were still undispatched.
+    async fn mark_announced(&self, message_ids: &[String]) -> Result<u64, StoreError>;
+
+    /// A send failed: count it, keep why, and make the row claimable again
+    /// after `retry_in` (or park it for an operator). Only while the row is
+    /// still under this claim's token.
+    async fn defer_announcement(&self, token: &str, deferral: &Deferral) -> Result<(), StoreError>;
+
+    /// Delete up to `limit` announcements dispatched more than `retention`
+    /// ago, oldest first, in one short transaction; answers how many. One
+    /// instance at a time (another's call meanwhile deletes nothing).
+    async fn purge_announced(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
+
+    /// Announcements, for `outbox list`, `status` and audits (at most `limit`).
+    async fn announcements(
+        &self,
+        listing: &Listing,
+        limit: u32,
+    ) -> Result<Vec<Announcement>, StoreError>;
+
+    /// How many announcements wait, are parked, and are kept dispatched.
+    async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError>;
+
+    /// `outbox retry`: make parked or waiting announcements (one, or all)
+    /// due now; answers how many.
+    async fn retry_announcements(&self, message_id: Option<&str>) -> Result<u64, StoreError>;
 
     /// What the store can show of its load, for telemetry's gauges (no I/O;
     /// nothing by default).

@@ -1,4 +1,4 @@
-//! A real Azurite (Microsoft's Blob Storage emulator) owned by one test, on
+//! A real Azurite (Microsoft's Blob and Queue Storage emulator) owned by one test, on
 //! a free loopback port, in memory, with telemetry off (by default Azurite
 //! reports usage to a host on the internet). Installed into `.tools/` by
 //! `scripts/ensure-azurite.sh`; a test that needs it fails, never skips,
@@ -26,11 +26,22 @@ impl Azurite {
     /// Azurite holding at most `mb` MiB of blob content in memory (a test
     /// of large blobs needs more than the default).
     pub fn start_with_memory_mb(mb: u32) -> Azurite {
+        Azurite::launch("blob", &["--extentMemoryLimit".to_string(), mb.to_string()])
+    }
+
+    /// Azurite's Queue Storage (`azurite-queue`), in memory: the outbox's
+    /// destination (issue 32).
+    pub fn start_queue() -> Azurite {
+        Azurite::launch("queue", &[])
+    }
+
+    /// `azurite-<service>` on a free loopback port, with `extra` arguments.
+    fn launch(service: &str, extra: &[String]) -> Azurite {
         let bin = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join(".tools/node_modules/.bin/azurite-blob");
+            .join(format!(".tools/node_modules/.bin/azurite-{service}"));
         assert!(
             bin.exists(),
-            "Azurite is missing ({}): these tests need a real Blob Storage API. Run scripts/ensure-azurite.sh (scripts/test.sh does), which installs the npm package azurite into .tools/",
+            "Azurite is missing ({}): these tests need a real Blob and Queue Storage API. Run scripts/ensure-azurite.sh (scripts/test.sh does), which installs the npm package azurite into .tools/",
             bin.display()
         );
         let port = super::free_port();
@@ -40,16 +51,15 @@ impl Azurite {
         let mut child = Command::new(&bin)
             .arg("--disableTelemetry")
             .args([
-                "--blobHost",
-                "127.0.0.1",
-                "--blobPort",
-                &port.to_string(),
-                "--skipApiVersionCheck",
-                "--silent",
-                "--inMemoryPersistence",
-                "--extentMemoryLimit",
-                &mb.to_string(),
+                format!("--{service}Host"),
+                "127.0.0.1".into(),
+                format!("--{service}Port"),
+                port.to_string(),
+                "--skipApiVersionCheck".into(),
+                "--silent".into(),
+                "--inMemoryPersistence".into(),
             ])
+            .args(extra)
             .current_dir(dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -86,6 +96,119 @@ impl Azurite {
         }
     }
 
+    /// The connection string of this Azurite's queue service, as
+    /// `OUTBOX_STORAGE` takes it.
+    pub fn queue_connection_string(&self) -> String {
+        format!(
+            "DefaultEndpointsProtocol=http;AccountName={EMULATOR_ACCOUNT};AccountKey={EMULATOR_KEY};QueueEndpoint={}/;",
+            self.endpoint()
+        )
+    }
+
+    /// `PUT /<queue>`, signed with the emulator's shared key (the
+    /// dispatcher's SAS may only add messages, as in production).
+    pub async fn create_queue(&self, name: &str) {
+        let (status, body) = self
+            .signed(
+                "PUT",
+                &format!("/{EMULATOR_ACCOUNT}/{EMULATOR_ACCOUNT}/{name}"),
+                &format!("/{name}"),
+            )
+            .await;
+        assert!(
+            status == 201 || status == 204,
+            "create queue {name}: {status} {body}"
+        );
+    }
+
+    /// Every message in `queue`, taken off it: the texts, decoded from
+    /// base64 when `base64`.
+    pub async fn drain_queue(&self, queue: &str, base64: bool) -> Vec<String> {
+        use azure_storage_queue::models::QueueClientReceiveMessagesOptions;
+        use base64::Engine;
+        let sas = order_guard::outbox::queue::queue_sas(
+            EMULATOR_ACCOUNT,
+            queue,
+            EMULATOR_KEY,
+            "rp",
+            std::time::SystemTime::now() + Duration::from_secs(3600),
+        )
+        .unwrap();
+        let url = format!("{}/{queue}?{sas}", self.endpoint());
+        let client = azure_storage_queue::QueueClient::new(
+            azure_core::http::Url::parse(&url).unwrap(),
+            None,
+            None,
+        )
+        .unwrap();
+        let mut texts = Vec::new();
+        loop {
+            let options = QueueClientReceiveMessagesOptions {
+                number_of_messages: Some(32),
+                visibility_timeout: Some(3600),
+                ..Default::default()
+            };
+            let received = client
+                .receive_messages(Some(options))
+                .await
+                .expect("Azurite's queue answers")
+                .into_model()
+                .expect("a list of messages");
+            let batch = received.items.unwrap_or_default();
+            if batch.is_empty() {
+                return texts;
+            }
+            for m in batch {
+                let text = m.message_text.unwrap_or_default();
+                texts.push(if base64 {
+                    String::from_utf8(
+                        base64::engine::general_purpose::STANDARD
+                            .decode(&text)
+                            .expect("base64"),
+                    )
+                    .unwrap()
+                } else {
+                    text
+                });
+            }
+        }
+    }
+
+    /// A request with an empty body, signed with the emulator's shared key:
+    /// `resource` as the string to sign names it, `path` on this Azurite.
+    async fn signed(&self, method: &str, resource: &str, path: &str) -> (u16, String) {
+        let date = httpdate(std::time::SystemTime::now());
+        let version = "2021-08-06";
+        let to_sign = format!(
+            "{method}\n\n\n\n\n\n\n\n\n\n\n\nx-ms-date:{date}\nx-ms-version:{version}\n{resource}"
+        );
+        use base64::Engine;
+        let key = base64::engine::general_purpose::STANDARD
+            .decode(EMULATOR_KEY)
+            .unwrap();
+        let signature =
+            base64::engine::general_purpose::STANDARD.encode(hmac_sha256(&key, to_sign.as_bytes()));
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.endpoint()))
+            .header("x-ms-date", &date)
+            .header("x-ms-version", version)
+            .header("content-length", "0")
+            .header(
+                "authorization",
+                format!("SharedKey {EMULATOR_ACCOUNT}:{signature}"),
+            )
+            .body(hyper::Body::empty())
+            .unwrap();
+        let response = hyper::Client::new()
+            .request(request)
+            .await
+            .expect("Azurite answers");
+        let status = response.status().as_u16();
+        let body = hyper::body::to_bytes(response.into_body()).await.unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
     /// Azurite's blob endpoint (path-style).
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}/{EMULATOR_ACCOUNT}", self.port)
@@ -117,40 +240,16 @@ impl Azurite {
 
     /// `PUT ?restype=container`, signed with the emulator's shared key.
     pub async fn create_container(&self, name: &str) {
-        let date = httpdate(std::time::SystemTime::now());
-        let version = "2021-08-06";
-        let resource = format!("/{EMULATOR_ACCOUNT}/{EMULATOR_ACCOUNT}/{name}\nrestype:container");
-        let to_sign = format!(
-            "PUT\n\n\n\n\n\n\n\n\n\n\n\nx-ms-date:{date}\nx-ms-version:{version}\n{resource}"
-        );
-        use base64::Engine;
-        let key = base64::engine::general_purpose::STANDARD
-            .decode(EMULATOR_KEY)
-            .unwrap();
-        let signature =
-            base64::engine::general_purpose::STANDARD.encode(hmac_sha256(&key, to_sign.as_bytes()));
-        let request = hyper::Request::builder()
-            .method("PUT")
-            .uri(format!("{}/{name}?restype=container", self.endpoint()))
-            .header("x-ms-date", &date)
-            .header("x-ms-version", version)
-            .header("content-length", "0")
-            .header(
-                "authorization",
-                format!("SharedKey {EMULATOR_ACCOUNT}:{signature}"),
+        let (status, body) = self
+            .signed(
+                "PUT",
+                &format!("/{EMULATOR_ACCOUNT}/{EMULATOR_ACCOUNT}/{name}\nrestype:container"),
+                &format!("/{name}?restype=container"),
             )
-            .body(hyper::Body::empty())
-            .unwrap();
-        let response = hyper::Client::new()
-            .request(request)
-            .await
-            .expect("Azurite answers");
-        let status = response.status();
-        let body = hyper::body::to_bytes(response.into_body()).await.unwrap();
+            .await;
         assert!(
-            status.as_u16() == 201 || status.as_u16() == 409,
-            "create container {name}: {status} {}",
-            String::from_utf8_lossy(&body)
+            status == 201 || status == 409,
+            "create container {name}: {status} {body}"
         );
     }
 }

@@ -24,6 +24,17 @@ fn parse_as(what: &str, statement: &str, declared: usize) {
     }
 }
 
+/// The mark names its message ids as parameters, as many as it marks.
+#[test]
+fn the_mark_parses_for_every_size() {
+    for n in [1, 2, 17, sql::MARK_AT_MOST] {
+        let mark = sql::mark_announced(n);
+        parse_as(&format!("mark_announced({n})"), &mark, 3);
+        assert!(mark.contains(&format!("@P{n})")), "{mark}");
+        assert!(!mark.contains(&format!("@P{}", n + 1)), "{mark}");
+    }
+}
+
 #[test]
 fn every_statement_parses_as_tsql() {
     assert!(sql::ALL.len() >= 13, "sql::ALL lost statements");
@@ -42,8 +53,20 @@ fn every_statement_parses_as_tsql() {
 fn the_batches_keep_their_shape() {
     assert_eq!(
         sql::BATCHES,
-        [sql::EXECUTE_ORDER_BODY, sql::REJECT, sql::LOCK_SCHEMA]
+        [
+            sql::EXECUTE_ORDER_BODY,
+            sql::REJECT,
+            sql::LOCK_SCHEMA,
+            sql::CLAIM_ANNOUNCEMENTS,
+            sql::PURGE_ANNOUNCED,
+            sql::RETRY_ANNOUNCEMENTS
+        ]
     );
+    // The purge's lock is read and owned by its transaction: a purge that
+    // does not get it deletes nothing and holds nothing after it.
+    assert!(sql::PURGE_ANNOUNCED.contains("EXEC @Lock = sp_getapplock"));
+    assert!(sql::PURGE_ANNOUNCED.contains("@LockOwner = N'Transaction', @LockTimeout = 0"));
+    assert!(sql::PURGE_ANNOUNCED.contains("IF @Lock >= 0"));
     // The lock's result is read, never ignored (issue 34).
     assert!(sql::LOCK_SCHEMA.contains("EXEC @Result = sp_getapplock"));
     assert!(sql::LOCK_SCHEMA.ends_with("SELECT @Result AS Result"));
@@ -109,7 +132,9 @@ fn the_execution_batch_adds_positions_without_rounding_by_sql_servers_rules() {
     assert!(sql::SCHEMA.contains("Units     DECIMAL(38, 0)  NOT NULL"));
     // The only sum written, and the bound checked by comparison before it.
     assert_eq!(exec.matches(" + @Change").count(), 1);
-    assert!(exec.contains("SET Units = @Current + @Change"));
+    assert!(exec.contains("SET @After = @Current + @Change;"));
+    assert!(exec.contains("@After DECIMAL(38, 0)"));
+    assert!(exec.contains("SET Units = @After"));
     // Each bound on its side's branch only: `@Max - @Change` for a sell, or
     // `-@Max - @Change` for a buy, would need 39 digits (8115), and T-SQL
     // does not promise to evaluate `AND` / `OR` left to right.
@@ -137,26 +162,28 @@ fn every_schema_batch_parses_as_tsql() {
     // SchemaVersion, Orders, its unique index, Positions, its Units column
     // and the old column renamed (version 2 → 3), RejectedEvents, two
     // indexes, StoreIdentity and its row, the app's role and its grants,
-    // the execution procedure (dropped if there, created, granted); after
-    // the rows are converted, Units made NOT NULL and the old column
-    // dropped, the version row: a GO lost or added shows here.
-    assert_eq!(batches.len(), 18, "{batches:#?}");
+    // the outbox and its two indexes, the execution procedure (dropped if
+    // there, created, granted); after the rows are converted, Units made
+    // NOT NULL and the old column dropped, the version rows 3 and 4: a GO
+    // lost or added shows here.
+    assert_eq!(batches.len(), 22, "{batches:#?}");
     let migration = sql::migration();
-    assert_eq!(migration.setup.len(), 16);
+    assert_eq!(migration.setup.len(), 19);
     assert_eq!(
         migration.finish.len(),
-        2,
+        3,
         "the last transaction: {:#?}",
         migration.finish
     );
     assert!(
-        batches[17].contains("INSERT INTO dbo.SchemaVersion"),
+        batches[21].contains("(4, SYSUTCDATETIME())"),
         "the version row is last"
     );
-    assert!(batches[16].contains("DROP COLUMN QuantityV2"));
+    assert!(batches[20].contains("(3, SYSUTCDATETIME())"));
+    assert!(batches[19].contains("DROP COLUMN QuantityV2"));
     let procedure = sql::execute_procedure_batches();
     assert_eq!(
-        [&*batches[13], &*batches[14], &*batches[15]],
+        [&*batches[16], &*batches[17], &*batches[18]],
         [
             procedure[0].as_str(),
             procedure[1].as_str(),
@@ -174,7 +201,7 @@ fn every_schema_batch_parses_as_tsql() {
     assert!(procedure[1].starts_with(&format!("CREATE PROCEDURE {}", sql::EXECUTE_PROCEDURE)));
     assert!(procedure[1].contains(sql::EXECUTE_ORDER_BODY));
     assert!(sql::EXECUTE_ORDER.starts_with(&format!("EXEC {} @P1,", sql::EXECUTE_PROCEDURE)));
-    for i in 1..=20 {
+    for i in 1..=21 {
         assert!(sql::EXECUTE_ORDER.contains(&format!("@P{i}")), "@P{i}");
         assert!(procedure[1].contains(&format!("@P{i} ")), "@P{i} declared");
     }
@@ -187,12 +214,18 @@ fn every_schema_batch_parses_as_tsql() {
         } else {
             1
         };
-        if i != 14 {
+        if i != 17 {
             parse_as(&format!("schema batch {i}"), batch, statements);
         }
     }
     let schema = sql::SCHEMA.to_ascii_uppercase();
-    for table in ["ORDERS", "POSITIONS", "REJECTEDEVENTS", "SCHEMAVERSION"] {
+    for table in [
+        "ORDERS",
+        "POSITIONS",
+        "REJECTEDEVENTS",
+        "SCHEMAVERSION",
+        "OUTBOX",
+    ] {
         assert!(
             schema.contains(&format!("IF OBJECT_ID(N'DBO.{table}', N'U') IS NULL")),
             "{table} is not created idempotently"

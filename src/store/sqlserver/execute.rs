@@ -14,8 +14,8 @@ use crate::faults;
 use crate::order::Order;
 use crate::position::{Overflow, Position};
 use crate::store::{
-    conflict_reason_around, event_hash, short_fingerprint, Execution, OrderRecord, Rejection,
-    RejectionKind, MAX_EXECUTION_TRIES,
+    conflict_reason_around, event_hash, message_id, short_fingerprint, Execution, OrderRecord,
+    Rejection, RejectionKind, MAX_EXECUTION_TRIES,
 };
 
 /// What one run of [`sql::EXECUTE_ORDER`] answered.
@@ -130,6 +130,8 @@ async fn run_execute_batch(
     // (the same keys `Rejection::event_hash` gives those rejections).
     let overflow_hash = event_hash(RejectionKind::Poison, raw_event);
     let conflict_hash = event_hash(RejectionKind::Conflict, raw_event);
+    // The announcement an execution writes in the same transaction.
+    let message_id = message_id(&o.order_id);
     let units = |u: i128| Numeric::new_with_scale(u, 0);
     let rows = client
         .query(
@@ -155,6 +157,7 @@ async fn run_execute_batch(
                 &head.as_str(),
                 &tail.as_str(),
                 &short,
+                &message_id.as_str(),
             ],
         )
         .await?

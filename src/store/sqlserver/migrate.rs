@@ -302,7 +302,7 @@ mod tests {
         };
         assert!(
             m.starts_with(
-                "the schema is at version 2, this build needs version 3: run `order-guard \
+                "the schema is at version 2, this build needs version 4: run `order-guard \
                  migrate` as the database admin (README step 4)"
             ),
             "{m}"

@@ -20,6 +20,7 @@ pub mod classify;
 pub mod connstr;
 mod execute;
 pub mod migrate;
+mod outbox;
 pub mod pool;
 pub mod rights;
 pub mod sql;
@@ -37,7 +38,10 @@ use tiberius::Row;
 
 use self::connstr::{Auth, SqlConnInfo};
 use self::pool::{Client, Logins, SqlConnectionManager};
-use super::{Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, StoreError};
+use super::{
+    Announcement, Claim, Deferral, Execution, Listing, OrderRecord, OrderStore, OutboxCounts,
+    RejectedRecord, Rejection, StoreError,
+};
 use crate::entra::{TokenError, TokenSource, SQL_SCOPE};
 use crate::order::{Order, OrderStatus};
 use crate::position::Position;
@@ -580,6 +584,64 @@ impl OrderStore for SqlServerStore {
         self.schema_gate("read rejections")?;
         with_client!(self, "read rejections", self.query_timeout, |client| {
             rejections_on(client, order_id)
+        })
+    }
+
+    async fn claim_announcements(&self, limit: u32, lease: Duration) -> Result<Claim, StoreError> {
+        self.schema_gate("claim announcements")?;
+        let token = uuid::Uuid::new_v4().to_string();
+        let rows = with_client!(self, "claim announcements", self.query_timeout, |client| {
+            outbox::claim(client, &token, limit, lease)
+        })?;
+        Ok(Claim { token, rows })
+    }
+
+    async fn mark_announced(&self, message_ids: &[String]) -> Result<u64, StoreError> {
+        self.schema_gate("mark announcements")?;
+        with_client!(self, "mark announcements", self.query_timeout, |client| {
+            outbox::mark(client, message_ids)
+        })
+    }
+
+    async fn defer_announcement(&self, token: &str, deferral: &Deferral) -> Result<(), StoreError> {
+        self.schema_gate("defer an announcement")?;
+        with_client!(
+            self,
+            "defer an announcement",
+            self.query_timeout,
+            |client| outbox::defer(client, token, deferral)
+        )
+    }
+
+    async fn purge_announced(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
+        self.schema_gate("purge announcements")?;
+        with_client!(self, "purge announcements", self.query_timeout, |client| {
+            outbox::purge(client, retention, limit)
+        })
+    }
+
+    async fn announcements(
+        &self,
+        listing: &Listing,
+        limit: u32,
+    ) -> Result<Vec<Announcement>, StoreError> {
+        self.schema_gate("list announcements")?;
+        with_client!(self, "list announcements", self.query_timeout, |client| {
+            outbox::list(client, listing, limit)
+        })
+    }
+
+    async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
+        self.schema_gate("count announcements")?;
+        with_client!(self, "count announcements", self.query_timeout, |client| {
+            outbox::counts(client)
+        })
+    }
+
+    async fn retry_announcements(&self, message_id: Option<&str>) -> Result<u64, StoreError> {
+        self.schema_gate("retry announcements")?;
+        with_client!(self, "retry announcements", self.query_timeout, |client| {
+            outbox::retry(client, message_id)
         })
     }
 

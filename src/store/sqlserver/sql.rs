@@ -23,7 +23,7 @@
 /// built from it (`concat!`) and cannot drift apart when it is renamed.
 macro_rules! execute_procedure {
     () => {
-        "dbo.OrderGuard_Execute_v1"
+        "dbo.OrderGuard_Execute_v2"
     };
 }
 
@@ -101,16 +101,19 @@ fn batches_of(text: &'static str) -> Vec<Cow<'static, str>> {
 /// costs its parse on each new connection, and 40 new connections parsing
 /// it at once starved the engine; see docs/benchmarks.md). Versioned by
 /// name: a later body is a new procedure, so instances of this version keep
-/// theirs during a rolling upgrade.
+/// theirs during a rolling upgrade (version 2 writes the announcement; the
+/// `_v1` that schema version 3 made is left in place for the instances of
+/// that version still running, whose executions are not announced).
 pub const EXECUTE_PROCEDURE: &str = execute_procedure!();
 
-/// The procedure's parameters: the body's `@P1`…`@P20`, typed as the
+/// The procedure's parameters: the body's `@P1`…`@P21`, typed as the
 /// columns they are written to.
 const EXECUTE_PARAMETERS: &str = "@P1 NVARCHAR(128), @P2 NVARCHAR(128), @P3 NVARCHAR(MAX), \
      @P4 NVARCHAR(128), @P5 NVARCHAR(8), @P6 NVARCHAR(128), @P7 DECIMAL(28, 10), \
      @P8 DECIMAL(28, 10), @P9 NVARCHAR(16), @P10 NVARCHAR(64), @P11 DECIMAL(38, 0), \
      @P12 NVARCHAR(128), @P13 NVARCHAR(MAX), @P14 NVARCHAR(MAX), @P15 DECIMAL(38, 0), \
-     @P16 NVARCHAR(64), @P17 NVARCHAR(64), @P18 NVARCHAR(MAX), @P19 NVARCHAR(MAX), @P20 INT";
+     @P16 NVARCHAR(64), @P17 NVARCHAR(64), @P18 NVARCHAR(MAX), @P19 NVARCHAR(MAX), @P20 INT, \
+     @P21 NVARCHAR(36)";
 
 /// Drop (when `migrate` runs again on a partly migrated database), create
 /// [`EXECUTE_PROCEDURE`] and grant it to [`APP_ROLE`] (a dropped procedure
@@ -142,7 +145,7 @@ pub const WARM_EXECUTE: &str = concat!(
     execute_procedure!(),
     "', N'P') IS NOT NULL EXEC ",
     execute_procedure!(),
-    " N'', N'', N'', N'', N'', N'', 0, 0, N'', N'', 0, N'', N'', N'', 0, N'', N'', N'', N'', 0"
+    " N'', N'', N'', N'', N'', N'', 0, 0, N'', N'', 0, N'', N'', N'', 0, N'', N'', N'', N'', 0, N''"
 );
 
 /// What `execute` sends: one call of [`EXECUTE_PROCEDURE`], one round trip.
@@ -150,7 +153,7 @@ pub const EXECUTE_ORDER: &str = concat!(
     "EXEC ",
     execute_procedure!(),
     " @P1, @P2, @P3, @P4, @P5, @P6, @P7, @P8, @P9, @P10, @P11, @P12, @P13, @P14, @P15, \
-     @P16, @P17, @P18, @P19, @P20"
+     @P16, @P17, @P18, @P19, @P20, @P21"
 );
 
 /// Serializes `migrate` across processes: an exclusive application lock
@@ -171,7 +174,7 @@ pub const UNLOCK_SCHEMA: &str =
     "EXEC sp_releaseapplock @Resource = N'order-guard:schema', @LockOwner = N'Session'";
 
 /// The schema version this build writes (the last batch of [`SCHEMA`]).
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// `migrate`'s fast path, one round trip without locks: whether the
 /// current version's row is there (written last, in the migration's last
@@ -224,6 +227,10 @@ pub const APP_RIGHTS: &[(&str, &str)] = &[
     ("SELECT", "dbo.RejectedEvents"),
     ("INSERT", "dbo.RejectedEvents"),
     ("UPDATE", "dbo.RejectedEvents"),
+    ("SELECT", "dbo.Outbox"),
+    ("INSERT", "dbo.Outbox"),
+    ("UPDATE", "dbo.Outbox"),
+    ("DELETE", "dbo.Outbox"),
 ];
 
 /// The connected user's name and each right of [`APP_RIGHTS`] it lacks,
@@ -240,7 +247,9 @@ pub const MISSING_RIGHTS: &str = concat!(
     "(N'SELECT', N'dbo.Orders'), (N'INSERT', N'dbo.Orders'), (N'UPDATE', N'dbo.Orders'), ",
     "(N'SELECT', N'dbo.Positions'), (N'INSERT', N'dbo.Positions'), (N'UPDATE', N'dbo.Positions'), ",
     "(N'SELECT', N'dbo.RejectedEvents'), (N'INSERT', N'dbo.RejectedEvents'), ",
-    "(N'UPDATE', N'dbo.RejectedEvents')",
+    "(N'UPDATE', N'dbo.RejectedEvents'), ",
+    "(N'SELECT', N'dbo.Outbox'), (N'INSERT', N'dbo.Outbox'), (N'UPDATE', N'dbo.Outbox'), ",
+    "(N'DELETE', N'dbo.Outbox')",
     ") AS r (RightName, ObjectName) ",
     "ON ISNULL(HAS_PERMS_BY_NAME(r.ObjectName, N'OBJECT', r.RightName), 0) = 0"
 );
@@ -343,7 +352,9 @@ pub const SELECT_ORDER: &str = "SELECT OrderId, Fingerprint, AccountId, Side, Sy
 /// (empty: not known yet), P15 the position in units that reason is about,
 /// P16 the overflow rejection's EventHash, P17 the conflict's EventHash,
 /// P18 and P19 the conflict reason around the existing fingerprint's first
-/// P20 characters.
+/// P20 characters, P21 the announcement's message id (`store::message_id`):
+/// an execution writes its outbox row in the same transaction, with the
+/// position after it and the same `ExecutedAt` as the order's row.
 pub const EXECUTE_ORDER_BODY: &str = "SET NOCOUNT ON;
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 IF @P1 = N''
@@ -354,6 +365,7 @@ END;
 DECLARE @Result NVARCHAR(16) = NULL, @Status NVARCHAR(16) = NULL, @Fingerprint NVARCHAR(128) = NULL;
 DECLARE @Current DECIMAL(38, 0) = NULL, @Change DECIMAL(38, 0) = CONVERT(DECIMAL(38, 0), @P11);
 DECLARE @Max DECIMAL(38, 0) = 99999999999999999999999999999999999999, @Over BIT = 0;
+DECLARE @Now DATETIME2(3) = SYSUTCDATETIME(), @After DECIMAL(38, 0) = NULL;
 SELECT @Status = Status, @Fingerprint = Fingerprint FROM dbo.Orders WHERE OrderId = @P1;
 IF @Status IS NOT NULL AND @Fingerprint <> @P2 AND @Fingerprint <> @P12
 BEGIN
@@ -427,11 +439,17 @@ BEGIN
             END
             ELSE
             BEGIN
-                UPDATE dbo.Positions SET Units = @Current + @Change, UpdatedAt = SYSUTCDATETIME()
+                SET @After = @Current + @Change;
+                UPDATE dbo.Positions SET Units = @After, UpdatedAt = SYSUTCDATETIME()
                  WHERE AccountId = @P4 AND Symbol = @P6;
-                UPDATE dbo.Orders SET Status = N'Executed', ExecutedAt = SYSUTCDATETIME()
+                UPDATE dbo.Orders SET Status = N'Executed', ExecutedAt = @Now
                  WHERE OrderId = @P1 AND Status = N'Received';
                 IF @@ROWCOUNT <> 1 THROW 50001, N'order-guard: the update to Executed changed no row', 1;
+                INSERT INTO dbo.Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
+                    PositionUnits, Fingerprint, ExecutedAt, CreatedAt, Attempts, NextAttemptAt,
+                    LeaseUntil, Parked)
+                VALUES (@P21, N'OrderExecuted', @P1, @P4, @P5, @P6, @P7, @After, @P2,
+                    @Now, @Now, 0, @Now, @Now, 0);
                 SET @Result = N'executed';
             END;
         END;
@@ -517,6 +535,113 @@ pub const SELECT_IDENTITY: &str =
 /// as a failed COMMIT does.
 pub const FAULT_FAILING_COMMIT: &str = "SELECT 1 / 0 AS FaultInjectedInsteadOfCommit;";
 
+/// The outbox columns every listing reads, in [`outbox::row`]'s order
+/// (`src/store/sqlserver/outbox.rs`); times as UTC text (style 126).
+macro_rules! outbox_columns {
+    () => {
+        "MessageId, Seq, Kind, OrderId, AccountId, Side, Symbol, Quantity, \
+         CONVERT(NVARCHAR(48), PositionUnits) AS PositionUnits, \
+         CONVERT(NVARCHAR(40), ExecutedAt, 126) AS ExecutedAt, Fingerprint, Attempts, LastError, \
+         CONVERT(INT, Parked) AS Parked, CONVERT(NVARCHAR(40), DispatchedAt, 126) AS DispatchedAt"
+    };
+}
+
+/// The dispatcher's claim, one round trip: up to P3 announcements due
+/// (undispatched, not parked, past their retry time, no live lease), oldest
+/// first, leased for P2 ms under the token P1, then the rows this token
+/// holds. The outer `WHERE` is checked again on each row as it is locked,
+/// so of two dispatchers claiming at once each row goes to one (were both
+/// to send it, the copies carry one message id: at least once holds).
+pub const CLAIM_ANNOUNCEMENTS: &str = concat!(
+    "SET NOCOUNT ON; ",
+    "DECLARE @Now DATETIME2(3) = SYSUTCDATETIME(); ",
+    "UPDATE o SET LeaseUntil = DATEADD(MILLISECOND, @P2, @Now), ClaimToken = @P1 ",
+    "FROM dbo.Outbox AS o ",
+    "JOIN (SELECT TOP (@P3) Seq FROM dbo.Outbox ",
+    "WHERE DispatchedAt IS NULL AND Parked = 0 AND NextAttemptAt <= @Now AND LeaseUntil <= @Now ",
+    "ORDER BY Seq) AS b ON b.Seq = o.Seq ",
+    "WHERE o.DispatchedAt IS NULL AND o.Parked = 0 AND o.LeaseUntil <= @Now; ",
+    "SELECT ",
+    outbox_columns!(),
+    " FROM dbo.Outbox WHERE DispatchedAt IS NULL AND ClaimToken = @P1 ORDER BY Seq"
+);
+
+/// Most announcements one mark names (one parameter each).
+pub const MARK_AT_MOST: usize = 100;
+
+/// Mark `n` announcements (P1…Pn, their message ids) dispatched, one round
+/// trip; answers how many were still undispatched. `n` is 1 to
+/// [`MARK_AT_MOST`].
+pub fn mark_announced(n: usize) -> String {
+    let ids: Vec<String> = (1..=n.clamp(1, MARK_AT_MOST))
+        .map(|i| format!("@P{i}"))
+        .collect();
+    format!(
+        "SET NOCOUNT ON; \
+         UPDATE dbo.Outbox SET DispatchedAt = SYSUTCDATETIME(), LeaseUntil = SYSUTCDATETIME() \
+         WHERE DispatchedAt IS NULL AND MessageId IN ({}); \
+         SELECT @@ROWCOUNT AS Marked",
+        ids.join(", ")
+    )
+}
+
+/// A failed send: P1 message id, P2 the claim's token, P3 why, P4 ms until
+/// it is due again, P5 1 to park it for an operator.
+pub const DEFER_ANNOUNCEMENT: &str = "UPDATE dbo.Outbox SET Attempts = Attempts + 1, \
+     LastError = LEFT(@P3, 1024), NextAttemptAt = DATEADD(MILLISECOND, @P4, SYSUTCDATETIME()), \
+     LeaseUntil = SYSUTCDATETIME(), Parked = @P5 \
+     WHERE MessageId = @P1 AND ClaimToken = @P2 AND DispatchedAt IS NULL";
+
+/// The retention: up to P2 announcements dispatched more than P1 seconds
+/// ago deleted, oldest first, in one short transaction; one instance at a
+/// time (a transaction-owned application lock, not waited for: another
+/// instance purging meanwhile makes this call delete nothing). Answers how
+/// many it deleted.
+pub const PURGE_ANNOUNCED: &str = "SET NOCOUNT ON;
+DECLARE @Lock INT, @Deleted INT = 0;
+BEGIN TRANSACTION;
+EXEC @Lock = sp_getapplock @Resource = N'order-guard:outbox-purge', @LockMode = N'Exclusive',
+    @LockOwner = N'Transaction', @LockTimeout = 0;
+IF @Lock >= 0
+BEGIN
+    DELETE o FROM dbo.Outbox AS o
+    JOIN (SELECT TOP (@P2) Seq FROM dbo.Outbox
+           WHERE DispatchedAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
+           ORDER BY DispatchedAt, Seq) AS b ON b.Seq = o.Seq;
+    SET @Deleted = @@ROWCOUNT;
+END;
+COMMIT TRANSACTION;
+SELECT @Deleted AS Deleted, @@TRANCOUNT AS OpenTransactions;";
+
+/// Undispatched announcements, oldest first, at most P1.
+pub const SELECT_UNDISPATCHED: &str = concat!(
+    "SELECT TOP (@P1) ",
+    outbox_columns!(),
+    " FROM dbo.Outbox WHERE DispatchedAt IS NULL ORDER BY Seq"
+);
+
+/// The announcement of one order (P2), at most P1 rows.
+pub const SELECT_ANNOUNCEMENT_OF_ORDER: &str = concat!(
+    "SELECT TOP (@P1) ",
+    outbox_columns!(),
+    " FROM dbo.Outbox WHERE OrderId = @P2 ORDER BY Seq"
+);
+
+/// Undispatched, of which parked, and dispatched announcements.
+pub const OUTBOX_COUNTS: &str = "SELECT \
+     CONVERT(BIGINT, ISNULL(SUM(CASE WHEN DispatchedAt IS NULL THEN 1 ELSE 0 END), 0)) AS Undispatched, \
+     CONVERT(BIGINT, ISNULL(SUM(CASE WHEN DispatchedAt IS NULL AND Parked = 1 THEN 1 ELSE 0 END), 0)) AS Parked, \
+     CONVERT(BIGINT, ISNULL(SUM(CASE WHEN DispatchedAt IS NOT NULL THEN 1 ELSE 0 END), 0)) AS Dispatched \
+     FROM dbo.Outbox";
+
+/// `outbox retry`: undispatched announcements made due now and unparked;
+/// P1 one message id, or empty for all. Answers how many.
+pub const RETRY_ANNOUNCEMENTS: &str = "SET NOCOUNT ON; \
+     UPDATE dbo.Outbox SET Parked = 0, NextAttemptAt = SYSUTCDATETIME(), \
+     LeaseUntil = SYSUTCDATETIME() \
+     WHERE DispatchedAt IS NULL AND (@P1 = N'' OR MessageId = @P1); \
+     SELECT @@ROWCOUNT AS Retried";
+
 /// Every single statement above, for the parse check in `tests/sqlserver.rs`.
 pub const ALL: &[&str] = &[
     EXECUTE_ORDER,
@@ -540,6 +665,10 @@ pub const ALL: &[&str] = &[
     SELECT_IDENTITY,
     FAULT_FAILING_COMMIT,
     FAULT_NO_COMMIT,
+    DEFER_ANNOUNCEMENT,
+    SELECT_UNDISPATCHED,
+    SELECT_ANNOUNCEMENT_OF_ORDER,
+    OUTBOX_COUNTS,
 ];
 
 /// The batches with `DECLARE`, `IF … BEGIN … END` and `TRY…CATCH`:
@@ -549,4 +678,14 @@ pub const ALL: &[&str] = &[
 /// each path of them run there.
 /// [`LOCK_SCHEMA`] too: the parser does not take `EXEC @Result = …`; it
 /// runs on the engine at every migration.
-pub const BATCHES: &[&str] = &[EXECUTE_ORDER_BODY, REJECT, LOCK_SCHEMA];
+/// The outbox's claim, retry and purge too (`DECLARE`, `TOP (@Pn)` in a
+/// derived table, `EXEC @Lock = …`); [`mark_announced`] is parsed for a
+/// few sizes.
+pub const BATCHES: &[&str] = &[
+    EXECUTE_ORDER_BODY,
+    REJECT,
+    LOCK_SCHEMA,
+    CLAIM_ANNOUNCEMENTS,
+    PURGE_ANNOUNCED,
+    RETRY_ANNOUNCEMENTS,
+];

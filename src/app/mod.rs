@@ -1,6 +1,10 @@
 //! Wiring: build the guard, store and processor from [`Config`], and the
 //! commands the binary runs (`serve`, `migrate`, `replay`, `status`).
 
+mod outbox;
+
+pub use self::outbox::{outbox_dispatch, outbox_list, outbox_retry};
+
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
@@ -232,9 +236,16 @@ async fn build_processor_as(
             }
         }
     }
+    // `serve` announces what it executes; a command's executions are sent
+    // by the dispatchers of the instances that serve.
+    let dispatcher = match start {
+        Start::Serve => outbox::start_dispatcher(config, &store),
+        Start::Command => None,
+    };
     let processor = Arc::new(
         Processor::new(guard, store, config.processor.clone())
-            .with_telemetry(telemetry.map(Telemetry::events)),
+            .with_telemetry(telemetry.map(Telemetry::events))
+            .with_announcer(dispatcher.as_ref().map(|d| d.announcer())),
     );
     if let Some(t) = telemetry {
         t.observe(Arc::clone(&processor) as Arc<dyn crate::telemetry::LoadSource>);
@@ -603,6 +614,31 @@ pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<String> {
             out,
             "rejected {} ({} deliveries): {}",
             r.kind, r.deliveries, r.reason
+        )?;
+    }
+    let listing = crate::store::Listing::Order(order_id.to_string());
+    for a in store.announcements(&listing, 1).await? {
+        writeln!(
+            out,
+            "announced {} {}",
+            a.message_id,
+            match (&a.dispatched_at, a.parked) {
+                (Some(t), _) => format!("dispatched {t}"),
+                (None, true) => format!(
+                    "parked after {} attempts: {} (`order-guard outbox retry {}`)",
+                    a.attempts,
+                    a.last_error
+                        .as_deref()
+                        .map(crate::event::escaped)
+                        .unwrap_or_default(),
+                    a.message_id
+                ),
+                (None, false) => format!(
+                    "waiting ({} attempts so far; destination {})",
+                    a.attempts,
+                    outbox::destination(config)
+                ),
+            }
         )?;
     }
     Ok(out)

@@ -34,11 +34,16 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use rust_decimal::Decimal;
 
-use super::{Execution, OrderRecord, OrderStore, RejectedRecord, Rejection, StoreError, StoreLoad};
+mod outbox;
+
+use super::{
+    Announcement, Claim, Deferral, Execution, Listing, OrderRecord, OrderStore, OutboxCounts,
+    RejectedRecord, Rejection, StoreError, StoreLoad,
+};
 use crate::order::{Order, OrderStatus};
 use crate::position::Position;
 
-const SCHEMA: &str = include_str!("../../sql/sqlite/schema.sql");
+const SCHEMA: &str = include_str!("../../../sql/sqlite/schema.sql");
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 /// At most this many calls share one commit.
@@ -555,6 +560,8 @@ impl OrderStore for SqliteStore {
                  DO UPDATE SET Quantity = excluded.Quantity, UpdatedAt = excluded.UpdatedAt"
             ))?
             .execute(params![o.account_id, o.symbol, next.to_string()])?;
+            // The announcement, in the same commit as the execution.
+            outbox::announce(&tx, &o, next)?;
             tx.commit()?;
             Ok(Execution::Executed)
         })
@@ -611,6 +618,50 @@ impl OrderStore for SqliteStore {
             rows.collect()
         })
         .await
+    }
+
+    async fn claim_announcements(&self, limit: u32, lease: Duration) -> Result<Claim, StoreError> {
+        let token = uuid::Uuid::new_v4().to_string();
+        let t = token.clone();
+        let rows = self
+            .with(move |conn| outbox::claim(conn, &t, limit, lease))
+            .await?;
+        Ok(Claim { token, rows })
+    }
+
+    async fn mark_announced(&self, message_ids: &[String]) -> Result<u64, StoreError> {
+        let ids = message_ids.to_vec();
+        self.with(move |conn| outbox::mark(conn, &ids)).await
+    }
+
+    async fn defer_announcement(&self, token: &str, deferral: &Deferral) -> Result<(), StoreError> {
+        let (t, d) = (token.to_string(), deferral.clone());
+        self.with(move |conn| outbox::defer(conn, &t, &d)).await
+    }
+
+    async fn purge_announced(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
+        self.with(move |conn| outbox::purge(conn, retention, limit))
+            .await
+    }
+
+    async fn announcements(
+        &self,
+        listing: &Listing,
+        limit: u32,
+    ) -> Result<Vec<Announcement>, StoreError> {
+        let listing = listing.clone();
+        self.with(move |conn| outbox::list(conn, &listing, limit))
+            .await
+    }
+
+    async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
+        self.with(|conn| outbox::counts(conn)).await
+    }
+
+    async fn retry_announcements(&self, message_id: Option<&str>) -> Result<u64, StoreError> {
+        let id = message_id.map(str::to_string);
+        self.with(move |conn| outbox::retry(conn, id.as_deref()))
+            .await
     }
 
     fn load(&self) -> StoreLoad {

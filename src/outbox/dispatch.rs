@@ -1,0 +1,340 @@
+//! The dispatcher: announcements sent after their commit, at least once.
+//!
+//! One task per instance. It wakes when this instance executes an order
+//! (the processor's [`Announcer`], off the reply's path: the answer to
+//! Event Grid never waits for the queue), and every `poll` in any case, so
+//! rows left by an instance that died between its commit and its send are
+//! picked up by another (and at start-up, the first round runs at once).
+//! A round claims due rows under a lease (the store's claim: one
+//! dispatcher per row at a time, across instances), sends them a few at a
+//! time, marks the sent ones in one call and defers each failed one with
+//! back-off ([`retry_in`]); a row the destination refuses for good, or that
+//! failed [`DispatchSettings::max_attempts`] times, is parked for an
+//! operator (`order-guard outbox retry`), and the rows behind it go on.
+//! A dispatcher killed between a send and its mark leaves the row leased:
+//! when the lease ends it is sent again, with the same id and payload;
+//! consumers deduplicate on the id.
+//!
+//! The retention: once an hour, dispatched rows older than
+//! `retention` are deleted in small batches (the store's purge: one
+//! instance at a time, a short transaction each).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{self, StreamExt};
+use tokio::sync::Notify;
+
+use super::envelope::{cloud_event, Naming};
+use super::queue::{QueueDestination, SendFailure};
+use crate::store::{Announcement, Deferral, OrderStore, StoreError};
+
+/// How the dispatcher runs (built by `config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DispatchSettings {
+    pub naming: Naming,
+    /// Rows per claim.
+    pub batch: u32,
+    /// How long a claim holds its rows: longer than a round's sends.
+    pub lease: Duration,
+    /// How often a dispatcher looks for rows nobody woke it for.
+    pub poll: Duration,
+    /// How long dispatched rows are kept (`OUTBOX_RETENTION_HOURS`).
+    pub retention: Duration,
+    /// Failed sends before a row is parked for an operator.
+    pub max_attempts: i64,
+    /// Sends in flight at once.
+    pub in_flight: usize,
+}
+
+impl Default for DispatchSettings {
+    fn default() -> DispatchSettings {
+        DispatchSettings {
+            naming: Naming::default(),
+            batch: 64,
+            lease: Duration::from_secs(30),
+            poll: Duration::from_secs(5),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            max_attempts: 20,
+            in_flight: 8,
+        }
+    }
+}
+
+/// Rows deleted per purge call: small, so each transaction is short.
+pub const PURGE_BATCH: u32 = 500;
+/// How often the retention runs.
+pub const PURGE_EVERY: Duration = Duration::from_secs(3600);
+
+/// The back-off of a row after its `attempts`-th failed send: 1 s doubling
+/// to 5 min.
+pub fn retry_in(attempts: i64) -> Duration {
+    let exponent = u32::try_from(attempts.clamp(1, 20) - 1).unwrap_or(0);
+    Duration::from_secs(1u64 << exponent.min(9)).min(Duration::from_secs(300))
+}
+
+/// What to do with a row whose send failed, its `attempts` counting this
+/// failure.
+pub fn deferral(
+    row: &Announcement,
+    failure: &SendFailure,
+    attempts: i64,
+    max_attempts: i64,
+) -> Deferral {
+    Deferral {
+        message_id: row.message_id.clone(),
+        error: failure.message.clone(),
+        retry_in: retry_in(attempts),
+        park: failure.refused || attempts >= max_attempts,
+    }
+}
+
+/// Wakes the dispatcher when an order was executed (held by the processor).
+#[derive(Debug, Default, Clone)]
+pub struct Announcer(Arc<Notify>);
+
+impl Announcer {
+    pub fn executed(&self) {
+        self.0.notify_one();
+    }
+}
+
+/// What the dispatcher has done since it started (for `status`, logs, tests).
+#[derive(Debug, Default)]
+struct Counters {
+    sent: AtomicU64,
+    failed: AtomicU64,
+    parked: AtomicU64,
+    purged: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DispatchCounts {
+    pub sent: u64,
+    pub failed: u64,
+    pub parked: u64,
+    pub purged: u64,
+}
+
+/// One round's result.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Round {
+    pub claimed: usize,
+    pub sent: usize,
+    pub failed: usize,
+}
+
+pub struct Dispatcher {
+    store: Arc<dyn OrderStore>,
+    destination: QueueDestination,
+    settings: DispatchSettings,
+    announcer: Announcer,
+    counters: Counters,
+}
+
+impl Dispatcher {
+    pub fn new(
+        store: Arc<dyn OrderStore>,
+        destination: QueueDestination,
+        settings: DispatchSettings,
+    ) -> Dispatcher {
+        Dispatcher {
+            store,
+            destination,
+            settings,
+            announcer: Announcer::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// What the processor calls after each execution.
+    pub fn announcer(&self) -> Announcer {
+        self.announcer.clone()
+    }
+
+    pub fn describe(&self) -> String {
+        self.destination.describe()
+    }
+
+    pub fn counts(&self) -> DispatchCounts {
+        let c = &self.counters;
+        DispatchCounts {
+            sent: c.sent.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            parked: c.parked.load(Ordering::Relaxed),
+            purged: c.purged.load(Ordering::Relaxed),
+        }
+    }
+
+    /// One claim's worth: send, mark the sent, defer the failed.
+    pub async fn round(&self) -> Result<Round, StoreError> {
+        let s = &self.settings;
+        let claim = self.store.claim_announcements(s.batch, s.lease).await?;
+        let mut round = Round {
+            claimed: claim.rows.len(),
+            ..Round::default()
+        };
+        if claim.rows.is_empty() {
+            return Ok(round);
+        }
+        let results: Vec<(Announcement, Result<(), SendFailure>)> =
+            stream::iter(claim.rows.into_iter().map(|row| async move {
+                let json = cloud_event(&s.naming, &row).to_string();
+                let sent = self.destination.send(&json).await;
+                (row, sent)
+            }))
+            .buffered(s.in_flight.max(1))
+            .collect()
+            .await;
+        let mut sent = Vec::new();
+        let mut failed = Vec::new();
+        for (row, result) in results {
+            match result {
+                Ok(()) => sent.push(row.message_id),
+                Err(failure) => failed.push((row, failure)),
+            }
+        }
+        if !sent.is_empty() {
+            self.store.mark_announced(&sent).await?;
+            round.sent = sent.len();
+            self.counters
+                .sent
+                .fetch_add(sent.len() as u64, Ordering::Relaxed);
+        }
+        for (row, failure) in failed {
+            let d = deferral(&row, &failure, row.attempts + 1, s.max_attempts);
+            if d.park {
+                self.counters.parked.fetch_add(1, Ordering::Relaxed);
+                log::error!(
+                    "announcement {} of order {} parked after {} failed sends: {}; `order-guard outbox retry {}` sends it again once the cause is fixed",
+                    row.message_id,
+                    crate::event::Quoted(&row.order_id),
+                    row.attempts + 1,
+                    d.error,
+                    row.message_id
+                );
+            } else {
+                log::warn!(
+                    "announcement {} of order {}: send failed ({}); next try in {} s",
+                    row.message_id,
+                    crate::event::Quoted(&row.order_id),
+                    d.error,
+                    d.retry_in.as_secs()
+                );
+            }
+            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+            self.store.defer_announcement(&claim.token, &d).await?;
+            round.failed += 1;
+        }
+        Ok(round)
+    }
+
+    /// Rounds until nothing is due (or a round fails).
+    pub async fn drain(&self) -> Result<usize, StoreError> {
+        let mut sent = 0;
+        loop {
+            let round = self.round().await?;
+            sent += round.sent;
+            if round.claimed < self.settings.batch as usize || round.sent == 0 {
+                return Ok(sent);
+            }
+        }
+    }
+
+    /// The retention: delete dispatched rows past it, a batch at a time.
+    pub async fn purge(&self) -> Result<u64, StoreError> {
+        let mut purged = 0;
+        loop {
+            let n = self
+                .store
+                .purge_announced(self.settings.retention, PURGE_BATCH)
+                .await?;
+            purged += n;
+            if n < u64::from(PURGE_BATCH) {
+                self.counters.purged.fetch_add(purged, Ordering::Relaxed);
+                return Ok(purged);
+            }
+        }
+    }
+
+    /// The dispatcher's life: a round at once, then on every wake and
+    /// every `poll`; the retention hourly. Store failures are logged and
+    /// waited out (the rows stay; nothing is lost).
+    pub async fn run(self: Arc<Self>) {
+        let wake = Arc::clone(&self.announcer.0);
+        let mut next_purge = tokio::time::Instant::now();
+        loop {
+            if let Err(e) = self.drain().await {
+                log::warn!(
+                    "outbox: dispatch round failed ({e}); the rows stay and are tried again"
+                );
+            }
+            if tokio::time::Instant::now() >= next_purge {
+                match self.purge().await {
+                    Ok(0) => {}
+                    Ok(n) => log::info!(
+                        "outbox: {n} dispatched announcements past the retention deleted"
+                    ),
+                    Err(e) => {
+                        log::warn!("outbox: retention purge failed ({e}); tried again in an hour")
+                    }
+                }
+                next_purge = tokio::time::Instant::now() + PURGE_EVERY;
+            }
+            tokio::select! {
+                () = wake.notified() => {}
+                () = tokio::time::sleep(self.settings.poll) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_back_off_doubles_from_a_second_to_five_minutes() {
+        let secs: Vec<u64> = (1..=12).map(|n| retry_in(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
+        assert_eq!(retry_in(0), Duration::from_secs(1));
+        assert_eq!(retry_in(i64::MAX), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn a_row_is_parked_when_refused_for_good_or_out_of_attempts() {
+        let row = crate::store::Announcement {
+            message_id: "m".into(),
+            seq: 1,
+            kind: "OrderExecuted".into(),
+            order_id: "o".into(),
+            account_id: "a".into(),
+            side: "buy".into(),
+            symbol: "s".into(),
+            quantity: rust_decimal::Decimal::ONE,
+            position_after: crate::position::Position::ZERO,
+            executed_at: "t".into(),
+            fingerprint: "f".into(),
+            attempts: 0,
+            last_error: None,
+            parked: false,
+            dispatched_at: None,
+        };
+        let down = SendFailure {
+            message: "503".into(),
+            refused: false,
+        };
+        let too_large = SendFailure {
+            message: "413".into(),
+            refused: true,
+        };
+        assert!(!deferral(&row, &down, 1, 20).park);
+        assert!(!deferral(&row, &down, 19, 20).park);
+        assert!(deferral(&row, &down, 20, 20).park);
+        assert!(deferral(&row, &too_large, 1, 20).park);
+        let d = deferral(&row, &down, 3, 20);
+        assert_eq!((d.message_id.as_str(), d.error.as_str()), ("m", "503"));
+        assert_eq!(d.retry_in, Duration::from_secs(4));
+    }
+}

@@ -1,0 +1,25 @@
+//! The outbox's dispatch (issue 32): executions announced downstream,
+//! at least once, each with a stable id.
+//!
+//! The store writes the announcement with the execution, in the same call
+//! (`store::announcement`); this module sends it afterwards:
+//! [`envelope`] turns a row into the message (pure), [`queue`] is the
+//! destination (an Azure Storage Queue), [`dispatch`] claims, sends, marks,
+//! defers and purges. Without a destination nothing is dispatched and the
+//! rows stay in the table, the record of every execution.
+
+pub mod dispatch;
+pub mod envelope;
+pub mod queue;
+
+pub use dispatch::{Announcer, DispatchSettings, Dispatcher};
+pub use envelope::Naming;
+pub use queue::{Encoding, QueueDestination, QueueSettings};
+
+/// The outbox's settings (built by `config`): where to send, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxSettings {
+    /// `None`: announcements are written and kept, not sent.
+    pub queue: Option<QueueSettings>,
+    pub dispatch: DispatchSettings,
+}

@@ -1,0 +1,253 @@
+//! The outbox's destination: an Azure Storage Queue, through Microsoft's
+//! `azure_storage_queue` client.
+//!
+//! `OUTBOX_STORAGE` takes the forms `DEAD_LETTER_STORAGE` takes (a
+//! connection string, `UseDevelopmentStorage=true`, or a queue URL with a
+//! SAS or without one for Entra ID), read by the same parser for the queue
+//! service. The client signs in with Entra ID or a SAS in the URL only, so
+//! an account key never leaves this process: it signs a service SAS scoped
+//! to this one queue with the add right only ([`queue_sas`]), valid for
+//! [`SAS_LIFETIME`] and made anew before it ends.
+//!
+//! One message per announcement (the queue has no batch send), a few in
+//! flight at once. Storage Queues promise no order: a consumer orders an
+//! account's executions by `positionAfter` or `executedAt`, never by
+//! arrival.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use azure_storage_queue::models::QueueMessage;
+use azure_storage_queue::{QueueClient, QueueClientOptions};
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::deadletter::storage::{Credential, StorageTarget};
+
+/// The service version the SAS is signed for.
+const SAS_VERSION: &str = "2021-08-06";
+
+/// How long a SAS made from an account key is valid; a new one is made
+/// when less than a quarter of it is left.
+pub const SAS_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// How a message's text is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// Base64 of the JSON: what a Functions Queue trigger reads by default
+    /// (`extensions.queues.messageEncoding`, default `base64`).
+    Base64,
+    /// The JSON itself (`messageEncoding: none`, or another consumer).
+    None,
+}
+
+/// Where announcements go (built by `config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSettings {
+    /// The account's queue service and how to sign in.
+    pub storage: StorageTarget,
+    pub queue: String,
+    pub encoding: Encoding,
+}
+
+/// Why a send failed, as the dispatcher needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendFailure {
+    pub message: String,
+    /// The destination refused this message for good (too large, not
+    /// acceptable): sending it again cannot help; it is parked.
+    pub refused: bool,
+}
+
+/// A queue client, made anew when its SAS is about to end.
+pub struct QueueDestination {
+    settings: QueueSettings,
+    client: Mutex<Option<(Arc<QueueClient>, SystemTime)>>,
+}
+
+impl QueueDestination {
+    pub fn new(settings: QueueSettings) -> QueueDestination {
+        QueueDestination {
+            settings,
+            client: Mutex::new(None),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "Storage Queue {} at {} ({})",
+            self.settings.queue,
+            self.settings.storage.endpoint,
+            self.settings.storage.credential.kind()
+        )
+    }
+
+    fn client(&self) -> Result<Arc<QueueClient>, String> {
+        let now = SystemTime::now();
+        let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((client, renew_at)) = slot.as_ref() {
+            if now < *renew_at {
+                return Ok(Arc::clone(client));
+            }
+        }
+        let s = &self.settings;
+        let base = format!("{}/{}", s.storage.endpoint, s.queue);
+        let (url, credential, renew_at) = match &s.storage.credential {
+            Credential::AccountKey(key) => {
+                let expiry = now + SAS_LIFETIME;
+                let sas = queue_sas(&s.storage.account, &s.queue, key.expose(), "a", expiry)?;
+                (format!("{base}?{sas}"), None, now + SAS_LIFETIME * 3 / 4)
+            }
+            Credential::Sas(sas) => (
+                format!("{base}?{}", sas.expose()),
+                None,
+                now + Duration::from_secs(365 * 24 * 3600),
+            ),
+            // The chain SQL's `Active Directory Default` and the dead-letter
+            // sweep use (role: Storage Queue Data Message Sender).
+            Credential::EntraId => (
+                base,
+                Some(Arc::new(crate::entra::default_chain_credential(
+                    None,
+                    Duration::from_secs(10),
+                ))
+                    as Arc<dyn azure_core::credentials::TokenCredential>),
+                now + Duration::from_secs(365 * 24 * 3600),
+            ),
+        };
+        let url = azure_core::http::Url::parse(&url)
+            .map_err(|e| format!("the queue URL is not a URL: {e}"))?;
+        let mut options = QueueClientOptions::default();
+        // The outbox retries by itself, row by row, with its own back-off.
+        options.client_options.retry = azure_core::http::RetryOptions::none();
+        let client = Arc::new(
+            QueueClient::new(url, credential, Some(options))
+                .map_err(|e| format!("cannot make the queue client: {e}"))?,
+        );
+        *slot = Some((Arc::clone(&client), renew_at));
+        Ok(client)
+    }
+
+    /// Send one message's JSON.
+    pub async fn send(&self, json: &str) -> Result<(), SendFailure> {
+        let client = self.client().map_err(|message| SendFailure {
+            message,
+            refused: false,
+        })?;
+        let text = match self.settings.encoding {
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD.encode(json),
+            Encoding::None => json.to_string(),
+        };
+        let message = QueueMessage {
+            message_text: Some(text),
+        };
+        let body = message.try_into().map_err(|e| SendFailure {
+            message: format!("cannot encode the message: {e}"),
+            refused: true,
+        })?;
+        match client.send_message(body, None).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let status = e.http_status().map(u16::from);
+                Err(SendFailure {
+                    message: match status {
+                        Some(404) => format!(
+                            "the queue {} does not exist (404): create it (README step 6: a PUT of queueServices/default/queues/{} on the account)",
+                            self.settings.queue, self.settings.queue
+                        ),
+                        Some(code) => format!("the queue answered {code}: {e}"),
+                        None => format!("the queue could not be reached: {e}"),
+                    },
+                    refused: refused_for_good(status),
+                })
+            }
+        }
+    }
+}
+
+/// Whether a status says this message can never be accepted (too large,
+/// malformed): the row is parked. Rights, a missing queue, throttling
+/// and server errors are the destination's state, not the message's:
+/// those are retried.
+pub fn refused_for_good(status: Option<u16>) -> bool {
+    matches!(status, Some(400 | 413))
+}
+
+/// A service SAS for `queue` with `permissions` (the dispatcher asks for
+/// `a`, add, only), valid until `expiry`, signed with the account key (the string to sign of a queue
+/// service SAS, versions 2015-04-05 and later: permissions, start, expiry,
+/// the canonical resource `/queue/<account>/<queue>`, identifier, IP,
+/// protocol, version). Answers the query, without `?`.
+pub fn queue_sas(
+    account: &str,
+    queue: &str,
+    key: &str,
+    permissions: &str,
+    expiry: SystemTime,
+) -> Result<String, String> {
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(key)
+        .map_err(|_| "AccountKey is not base64".to_string())?;
+    let expiry = time::OffsetDateTime::from(expiry)
+        .replace_nanosecond(0)
+        .map_err(|e| e.to_string())?
+        .format(&time::format_description::well_known::Rfc3339)
+        .map_err(|e| e.to_string())?;
+    let to_sign =
+        format!("{permissions}\n\n{expiry}\n/queue/{account}/{queue}\n\n\n\n{SAS_VERSION}");
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).map_err(|e| e.to_string())?;
+    mac.update(to_sign.as_bytes());
+    let signature = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    // Unreserved characters (RFC 3986) stay as they are.
+    const VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    let enc = |v: &str| percent_encoding::utf8_percent_encode(v, VALUE).to_string();
+    Ok(format!(
+        "sv={SAS_VERSION}&se={}&sp={permissions}&sig={}",
+        enc(&expiry),
+        enc(&signature)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_malformed_or_oversized_message_is_refused_for_good() {
+        for code in [400, 413] {
+            assert!(refused_for_good(Some(code)), "{code}");
+        }
+        for code in [401, 403, 404, 408, 429, 500, 503] {
+            assert!(!refused_for_good(Some(code)), "{code}");
+        }
+        assert!(
+            !refused_for_good(None),
+            "not reached: the destination's state"
+        );
+    }
+
+    /// The signature over the documented string to sign, computed here with
+    /// Python's `hmac` (`hmac.new(b64decode(key), s, sha256)`), so a change
+    /// of a field or of its order shows.
+    #[test]
+    fn the_sas_signs_the_queue_service_string() {
+        let expiry = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let sas = queue_sas(
+            "devstoreaccount1",
+            "order-executed",
+            crate::deadletter::storage::EMULATOR_KEY,
+            "a",
+            expiry,
+        )
+        .unwrap();
+        assert_eq!(sas, PINNED_SAS);
+        assert!(queue_sas("a", "q", "not base64!", "a", expiry).is_err());
+    }
+
+    const PINNED_SAS: &str = "sv=2021-08-06&se=2027-01-15T08%3A00%3A00Z&sp=a&sig=jD4yf5r%2B4RJgQ8U8olN3gfNnn1dyFDwpjRfwrjl4aLM%3D";
+}

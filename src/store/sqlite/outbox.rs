@@ -1,0 +1,193 @@
+//! The outbox on SQLite: the row `execute` writes with an execution, and
+//! the dispatcher's claim, mark, defer and purge (`store::announcement`).
+//! Each runs on the writer thread, inside the writer's group commit, so a
+//! claim and a mark are serialized with every other write of every process
+//! sharing the file (`BEGIN IMMEDIATE`): two dispatchers never claim one row.
+
+use std::time::Duration;
+
+use rusqlite::{params, Connection, Row};
+
+use super::{decimal, position, NOW};
+use crate::order::Order;
+use crate::position::Position;
+use crate::store::{message_id, Announcement, Deferral, Listing, OutboxCounts, ORDER_EXECUTED};
+
+/// `strftime` of now plus a signed SQLite modifier (`?n` = `+1.500 seconds`).
+fn now_plus(param: usize) -> String {
+    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?{param})")
+}
+
+/// A duration as a SQLite date modifier, to the millisecond.
+fn modifier(d: Duration, sign: char) -> String {
+    format!("{sign}{}.{:03} seconds", d.as_secs(), d.subsec_millis())
+}
+
+/// The announcement of an order this transaction just executed: its
+/// `ExecutedAt` read from the row the same transaction wrote, so the two
+/// agree to the millisecond.
+pub(super) fn announce(
+    conn: &Connection,
+    o: &Order,
+    position_after: Position,
+) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached(&format!(
+        "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
+                             PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt,
+                             LeaseUntil)
+         SELECT ?1, ?2, OrderId, AccountId, Side, Symbol, Quantity, ?3, ?4, ExecutedAt,
+                {NOW}, {NOW}, {NOW}
+           FROM Orders WHERE OrderId = ?5"
+    ))?
+    .execute(params![
+        message_id(&o.order_id),
+        ORDER_EXECUTED,
+        position_after.to_string(),
+        o.fingerprint(),
+        o.order_id,
+    ])
+    .and_then(|n| match n {
+        1 => Ok(()),
+        n => Err(super::protocol_error(format!(
+            "order {}: its announcement wrote {n} rows",
+            o.order_id
+        ))),
+    })
+}
+
+const COLUMNS: &str = "MessageId, Seq, Kind, OrderId, AccountId, Side, Symbol, Quantity, \
+     PositionAfter, ExecutedAt, Fingerprint, Attempts, LastError, Parked, DispatchedAt";
+
+fn row(r: &Row<'_>) -> Result<Announcement, rusqlite::Error> {
+    Ok(Announcement {
+        message_id: r.get(0)?,
+        seq: r.get(1)?,
+        kind: r.get(2)?,
+        order_id: r.get(3)?,
+        account_id: r.get(4)?,
+        side: r.get(5)?,
+        symbol: r.get(6)?,
+        quantity: decimal(&r.get::<_, String>(7)?)?,
+        position_after: position(&r.get::<_, String>(8)?)?,
+        executed_at: r.get(9)?,
+        fingerprint: r.get(10)?,
+        attempts: r.get(11)?,
+        last_error: r.get(12)?,
+        parked: r.get::<_, i64>(13)? != 0,
+        dispatched_at: r.get(14)?,
+    })
+}
+
+pub(super) fn claim(
+    conn: &Connection,
+    token: &str,
+    limit: u32,
+    lease: Duration,
+) -> Result<Vec<Announcement>, rusqlite::Error> {
+    conn.prepare_cached(&format!(
+        "UPDATE Outbox SET LeaseUntil = {}, ClaimToken = ?1
+          WHERE Seq IN (SELECT Seq FROM Outbox
+                         WHERE DispatchedAt IS NULL AND Parked = 0
+                           AND NextAttemptAt <= {NOW} AND LeaseUntil <= {NOW}
+                         ORDER BY Seq LIMIT ?3)",
+        now_plus(2)
+    ))?
+    .execute(params![token, modifier(lease, '+'), limit])?;
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM Outbox WHERE DispatchedAt IS NULL AND ClaimToken = ?1 ORDER BY Seq"
+    ))?;
+    let rows = stmt.query_map([token], row)?;
+    rows.collect()
+}
+
+pub(super) fn mark(conn: &Connection, ids: &[String]) -> Result<u64, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "UPDATE Outbox SET DispatchedAt = {NOW}, LeaseUntil = {NOW}
+          WHERE MessageId = ?1 AND DispatchedAt IS NULL"
+    ))?;
+    let mut marked = 0;
+    for id in ids {
+        marked += stmt.execute([id])? as u64;
+    }
+    Ok(marked)
+}
+
+pub(super) fn defer(conn: &Connection, token: &str, d: &Deferral) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached(&format!(
+        "UPDATE Outbox SET Attempts = Attempts + 1, LastError = ?3, NextAttemptAt = {},
+                LeaseUntil = {NOW}, Parked = ?5
+          WHERE MessageId = ?1 AND ClaimToken = ?2 AND DispatchedAt IS NULL",
+        now_plus(4)
+    ))?
+    .execute(params![
+        d.message_id,
+        token,
+        d.error,
+        modifier(d.retry_in, '+'),
+        i64::from(d.park)
+    ])?;
+    Ok(())
+}
+
+pub(super) fn purge(
+    conn: &Connection,
+    retention: Duration,
+    limit: u32,
+) -> Result<u64, rusqlite::Error> {
+    let deleted = conn
+        .prepare_cached(&format!(
+            "DELETE FROM Outbox
+              WHERE Seq IN (SELECT Seq FROM Outbox
+                             WHERE DispatchedAt IS NOT NULL AND DispatchedAt < {}
+                             ORDER BY DispatchedAt LIMIT ?2)",
+            now_plus(1)
+        ))?
+        .execute(params![modifier(retention, '-'), limit])?;
+    Ok(deleted as u64)
+}
+
+pub(super) fn list(
+    conn: &Connection,
+    listing: &Listing,
+    limit: u32,
+) -> Result<Vec<Announcement>, rusqlite::Error> {
+    let (filter, id) = match listing {
+        Listing::Undispatched => ("DispatchedAt IS NULL", None),
+        Listing::Order(id) => ("OrderId = ?2", Some(id.as_str())),
+    };
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM Outbox WHERE {filter} ORDER BY Seq LIMIT ?1"
+    ))?;
+    let rows = match id {
+        Some(id) => stmt.query_map(params![limit, id], row)?.collect(),
+        None => stmt.query_map(params![limit], row)?.collect(),
+    };
+    rows
+}
+
+pub(super) fn counts(conn: &Connection) -> Result<OutboxCounts, rusqlite::Error> {
+    conn.query_row(
+        "SELECT COALESCE(SUM(DispatchedAt IS NULL), 0),
+                COALESCE(SUM(DispatchedAt IS NULL AND Parked <> 0), 0),
+                COALESCE(SUM(DispatchedAt IS NOT NULL), 0)
+           FROM Outbox",
+        [],
+        |r| {
+            Ok(OutboxCounts {
+                undispatched: r.get::<_, i64>(0)? as u64,
+                parked: r.get::<_, i64>(1)? as u64,
+                dispatched: r.get::<_, i64>(2)? as u64,
+            })
+        },
+    )
+}
+
+pub(super) fn retry(conn: &Connection, id: Option<&str>) -> Result<u64, rusqlite::Error> {
+    let changed = conn
+        .prepare_cached(&format!(
+            "UPDATE Outbox SET Parked = 0, NextAttemptAt = {NOW}, LeaseUntil = {NOW}
+              WHERE DispatchedAt IS NULL AND (?1 IS NULL OR MessageId = ?1)"
+        ))?
+        .execute([id])?;
+    Ok(changed as u64)
+}

@@ -1,0 +1,345 @@
+//! The outbox's dispatch against a real Azure Queue Storage API (Azurite's
+//! queue service), issue 32: what executes is announced on the queue with
+//! its stable id; a destination down or a dispatcher killed between send and
+//! mark loses nothing and repeats only that id; `serve` announces what it
+//! executes, and duplicates announce nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use order_guard::order::Order;
+use order_guard::outbox::envelope::cloud_event;
+use order_guard::outbox::queue::queue_sas;
+use order_guard::outbox::{
+    DispatchSettings, Dispatcher, Encoding, Naming, QueueDestination, QueueSettings,
+};
+use order_guard::store::{message_id, Execution, Listing, OrderStore};
+use serde_json::{json, Value};
+
+use common::azurite::Azurite;
+use common::unique_id;
+
+fn order(id: &str, account: &str, side: &str, qty: &str) -> Order {
+    Order::from_data(&json!({
+        "orderId": id, "accountId": account, "side": side, "symbol": "MSFT", "quantity": qty
+    }))
+    .unwrap()
+}
+
+fn queue_settings(azurite: &Azurite, queue: &str) -> QueueSettings {
+    QueueSettings {
+        storage: order_guard::deadletter::storage::parse_storage_of(
+            &azurite.queue_connection_string(),
+            order_guard::deadletter::storage::Service::Queue,
+        )
+        .unwrap(),
+        queue: queue.into(),
+        encoding: Encoding::Base64,
+    }
+}
+
+fn dispatcher(store: &Arc<dyn OrderStore>, settings: QueueSettings) -> Dispatcher {
+    Dispatcher::new(
+        Arc::clone(store),
+        QueueDestination::new(settings),
+        DispatchSettings::default(),
+    )
+}
+
+/// The queue's messages as parsed events, by id (several copies of one id
+/// kept together).
+fn by_id(texts: &[String]) -> BTreeMap<String, Vec<Value>> {
+    let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for t in texts {
+        let e: Value = serde_json::from_str(t).expect("each message is a JSON event");
+        out.entry(e["id"].as_str().unwrap().to_string())
+            .or_default()
+            .push(e);
+    }
+    out
+}
+
+async fn execute_all(store: &Arc<dyn OrderStore>, orders: &[Order]) {
+    for o in orders {
+        assert_eq!(
+            store.execute(o, "e", "{}").await.unwrap(),
+            Execution::Executed
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executions_reach_the_queue_as_cloud_events_with_their_message_id() {
+    let azurite = Azurite::start_queue();
+    azurite.create_queue("order-executed").await;
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let account = unique_id("acct");
+    let orders: Vec<Order> = ["5", "2.5", "1"]
+        .iter()
+        .map(|q| order(&unique_id("ord"), &account, "buy", q))
+        .collect();
+    execute_all(&store, &orders).await;
+    let d = dispatcher(&store, queue_settings(&azurite, "order-executed"));
+    assert_eq!(d.drain().await.unwrap(), 3);
+    let got = by_id(&azurite.drain_queue("order-executed", true).await);
+    assert_eq!(got.len(), 3, "{got:#?}");
+    for (o, after) in orders.iter().zip(["5", "7.5", "8.5"]) {
+        let copies = &got[&message_id(&o.order_id)];
+        assert_eq!(copies.len(), 1);
+        let e = &copies[0];
+        assert_eq!(e["specversion"], "1.0");
+        assert_eq!(e["type"], "OrderGuard.OrderExecuted");
+        assert_eq!(e["subject"], format!("orders/{}", o.order_id));
+        assert_eq!(e["data"]["orderId"], o.order_id.as_str());
+        assert_eq!(e["data"]["accountId"], account.as_str());
+        assert_eq!(e["data"]["positionAfter"], after);
+        let row = store.order(&o.order_id).await.unwrap().unwrap();
+        assert_eq!(e["data"]["executedAt"], row.executed_at.unwrap().as_str());
+    }
+    // Dispatched once: nothing left, nothing sent again.
+    assert_eq!(store.outbox_counts().await.unwrap().undispatched, 0);
+    // A duplicate delivery executes nothing and announces nothing.
+    assert_eq!(
+        store.execute(&orders[0], "e", "{}").await.unwrap(),
+        Execution::AlreadyDone
+    );
+    assert_eq!(d.drain().await.unwrap(), 0);
+    assert!(azurite.drain_queue("order-executed", true).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_down_defers_every_row_and_loses_none() {
+    let azurite = Azurite::start_queue();
+    azurite.create_queue("order-executed").await;
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let account = unique_id("acct");
+    let orders: Vec<Order> = (0..4)
+        .map(|_| order(&unique_id("ord"), &account, "sell", "1"))
+        .collect();
+    execute_all(&store, &orders).await;
+    // Nothing listens on this port: every send fails, every row is counted.
+    let mut down = queue_settings(&azurite, "order-executed");
+    down.storage.endpoint = format!("http://127.0.0.1:{}/devstoreaccount1", common::free_port());
+    let round = dispatcher(&store, down).round().await.unwrap();
+    assert_eq!((round.claimed, round.sent, round.failed), (4, 0, 4));
+    let waiting = store
+        .announcements(&Listing::Undispatched, 100)
+        .await
+        .unwrap();
+    assert_eq!(waiting.len(), 4);
+    for a in &waiting {
+        assert_eq!(a.attempts, 1);
+        assert!(!a.parked, "a destination down is not the row's fault");
+        let why = a.last_error.as_deref().unwrap();
+        assert!(why.contains("could not be reached"), "{why}");
+    }
+    // A missing queue is named, with the fix, and is not the row's fault.
+    let missing = dispatcher(&store, queue_settings(&azurite, "no-such-queue"));
+    store.retry_announcements(None).await.unwrap();
+    let round = missing.round().await.unwrap();
+    assert_eq!(round.failed, 4);
+    let a = &store
+        .announcements(&Listing::Undispatched, 1)
+        .await
+        .unwrap()[0];
+    let why = a.last_error.as_deref().unwrap();
+    assert!(
+        why.contains("does not exist (404)") && why.contains("README step 6"),
+        "{why}"
+    );
+    assert_eq!((a.attempts, a.parked), (2, false));
+    // Back up: the operator's retry makes them due now; all four arrive.
+    assert_eq!(store.retry_announcements(None).await.unwrap(), 4);
+    let up = dispatcher(&store, queue_settings(&azurite, "order-executed"));
+    assert_eq!(up.drain().await.unwrap(), 4);
+    let got = by_id(&azurite.drain_queue("order-executed", true).await);
+    let want: Vec<String> = orders.iter().map(|o| message_id(&o.order_id)).collect();
+    let mut want_sorted = want.clone();
+    want_sorted.sort();
+    assert_eq!(got.keys().cloned().collect::<Vec<_>>(), want_sorted);
+    assert_eq!(store.outbox_counts().await.unwrap().undispatched, 0);
+}
+
+/// A dispatcher that sent and died before its mark: the lease runs out,
+/// another sends the row again, with the same id and the same bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatcher_killed_between_send_and_mark_repeats_only_that_id() {
+    let azurite = Azurite::start_queue();
+    azurite.create_queue("order-executed").await;
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let o = order(&unique_id("ord"), &unique_id("acct"), "buy", "2");
+    execute_all(&store, std::slice::from_ref(&o)).await;
+    let lease = Duration::from_millis(300);
+    // The one that died: claimed, sent, never marked.
+    let claim = store.claim_announcements(10, lease).await.unwrap();
+    assert_eq!(claim.rows.len(), 1);
+    let first = QueueDestination::new(queue_settings(&azurite, "order-executed"));
+    first
+        .send(&cloud_event(&Naming::default(), &claim.rows[0]).to_string())
+        .await
+        .unwrap();
+    // Another dispatcher: nothing to claim while the lease holds, the row
+    // once it has run out (the lease is the only signal there is).
+    let other = Dispatcher::new(
+        Arc::clone(&store),
+        QueueDestination::new(queue_settings(&azurite, "order-executed")),
+        DispatchSettings {
+            lease,
+            ..DispatchSettings::default()
+        },
+    );
+    let started = Instant::now();
+    let mut sent = 0;
+    while sent == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never reclaimed"
+        );
+        sent = other.drain().await.unwrap();
+        if sent == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(started.elapsed() >= lease / 2, "claimed under a live lease");
+    let texts = azurite.drain_queue("order-executed", true).await;
+    assert_eq!(texts.len(), 2, "sent twice: at least once");
+    assert_eq!(texts[0], texts[1], "the same id and the same bytes");
+    assert_eq!(
+        by_id(&texts).keys().next().unwrap(),
+        &message_id(&o.order_id)
+    );
+    assert_eq!(store.outbox_counts().await.unwrap().undispatched, 0);
+}
+
+/// A SAS made from the account key may add messages to its queue and do
+/// nothing else (least privilege for the dispatcher).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dispatchers_sas_may_only_add_to_its_queue() {
+    let azurite = Azurite::start_queue();
+    azurite.create_queue("order-executed").await;
+    azurite.create_queue("other").await;
+    let sas = queue_sas(
+        order_guard::deadletter::storage::EMULATOR_ACCOUNT,
+        "order-executed",
+        order_guard::deadletter::storage::EMULATOR_KEY,
+        "a",
+        std::time::SystemTime::now() + Duration::from_secs(600),
+    )
+    .unwrap();
+    let client = |queue: &str| {
+        azure_storage_queue::QueueClient::new(
+            azure_core::http::Url::parse(&format!("{}/{queue}?{sas}", azurite.endpoint())).unwrap(),
+            None,
+            None,
+        )
+        .unwrap()
+    };
+    let message = || {
+        azure_storage_queue::models::QueueMessage {
+            message_text: Some("x".into()),
+        }
+        .try_into()
+        .unwrap()
+    };
+    client("order-executed")
+        .send_message(message(), None)
+        .await
+        .expect("add is granted");
+    let status = |e: azure_core::Error| e.http_status().map(u16::from);
+    let read = client("order-executed").peek_messages(None).await;
+    assert_eq!(read.err().and_then(status), Some(403), "no read");
+    let elsewhere = client("other").send_message(message(), None).await;
+    assert_eq!(
+        elsewhere.err().and_then(status),
+        Some(403),
+        "no other queue"
+    );
+}
+
+/// The real binary as deployed: `serve` announces what it executes, right
+/// after answering, and a duplicate delivery announces nothing more;
+/// `outbox list` then shows nothing waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_announces_what_it_executes_and_nothing_else() {
+    let azurite = Azurite::start_queue();
+    azurite.create_queue("executions").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::free_port();
+    let mut env = common::handler_env(port, dir.path());
+    let settings = [
+        ("RUST_LOG", "info".to_string()),
+        (
+            "SQL_CONNECTION_STRING",
+            format!("sqlite:{}", dir.path().join("orders.db").display()),
+        ),
+        ("OUTBOX_STORAGE", azurite.queue_connection_string()),
+        ("OUTBOX_QUEUE", "executions".into()),
+        ("OUTBOX_MESSAGE_ENCODING", "none".into()),
+    ];
+    env.extend(settings.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    let log = dir.path().join("serve.log");
+    let mut child = common::spawn_handler(&common::handler_binary(), &env, &log);
+    let log_text = || String::from_utf8_lossy(&std::fs::read(&log).unwrap()).into_owned();
+    if let Err(e) = common::wait_ready(port, &mut child, Duration::from_secs(30)).await {
+        panic!("{e}; log:\n{}", log_text());
+    }
+    let url = format!("http://127.0.0.1:{port}/OrderTrigger");
+    let client = hyper::Client::new();
+    let account = unique_id("acct");
+    let ids: Vec<String> = (0..3).map(|_| unique_id("ord")).collect();
+    let deliveries = ids.iter().chain(std::iter::once(&ids[0]));
+    for id in deliveries {
+        let event = common::eg_event(common::order_data(id, "buy", "MSFT", "1", &account));
+        let body = serde_json::to_vec(&common::invocation(event)).unwrap();
+        let answer = common::try_send(&client, &url, body, false, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer.verdict(), common::Verdict::Succeeded(_)),
+            "{:?}",
+            answer.verdict()
+        );
+    }
+    // The announcements arrive on their own (nobody asks the dispatcher).
+    let mut got = Vec::new();
+    let started = Instant::now();
+    while got.len() < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{} of 3 announcements arrived; log:\n{}",
+            got.len(),
+            log_text()
+        );
+        got.extend(azurite.drain_queue("executions", false).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut want: Vec<String> = ids.iter().map(|id| message_id(id)).collect();
+    want.sort();
+    assert_eq!(by_id(&got).keys().cloned().collect::<Vec<_>>(), want);
+    assert!(log_text().contains("outbox: dispatching to the Storage Queue executions"));
+    // Nothing waits; the CLI says so.
+    let out = std::process::Command::new(common::handler_binary())
+        .args(["outbox", "list"])
+        .envs(settings.iter().map(|(k, v)| (*k, v.as_str())))
+        .env_remove("REDIS_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("undispatched=0 parked=0 dispatched=3"),
+        "{stdout}"
+    );
+    // No duplicate arrived meanwhile.
+    assert!(azurite.drain_queue("executions", false).await.is_empty());
+}
