@@ -17,6 +17,15 @@ pub const IN_RELEASE: &str = "in_release";
 /// `skip`, `cut` or `crash` (see `store::sqlserver`).
 pub const SQLSERVER_COMMIT: &str = "sqlserver_commit";
 
+/// In the outbox's send, before the message goes out: `500`, `503`, `413`
+/// (any status: the queue answering it), `slow` (two seconds, then the
+/// send), or `crash`.
+pub const OUTBOX_SEND: &str = "outbox_send";
+/// In a dispatch round, after its sends and before their mark: `crash` is
+/// a dispatcher killed between send and mark (its rows are sent again when
+/// the lease ends).
+pub const OUTBOX_AFTER_SEND: &str = "outbox_after_send";
+
 /// What a triggered point does: `crash` aborts the process, anything else is
 /// an error of the kind the caller maps it to.
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]

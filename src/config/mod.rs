@@ -225,7 +225,11 @@ impl Config {
         let telemetry = telemetry::telemetry(&val)?;
         // Dispatched announcements are kept at least as long as Event Grid
         // retries a delivery (24 h): a week by default.
-        let outbox = outbox::outbox(&val, num("OUTBOX_RETENTION_HOURS", 168, 24, 24 * 365)?)?;
+        let mut outbox = outbox::outbox(&val, num("OUTBOX_RETENTION_HOURS", 168, 24, 24 * 365)?)?;
+        // Longer than a round's sends (eight at a time, each bounded by
+        // the client's own timeouts); shorter means quicker re-sends after
+        // a dispatcher dies, and more copies when a round is slow.
+        outbox.dispatch.lease = Duration::from_secs(num("OUTBOX_LEASE_SECONDS", 30, 1, 600)?);
         Ok(Config {
             port,
             limits: Limits {

@@ -187,6 +187,14 @@ impl Dispatcher {
             .buffered(s.in_flight.max(1))
             .collect()
             .await;
+        // Sent, not marked yet: a dispatcher killed here (tests: `crash`)
+        // leaves its rows leased, sent again when the lease ends.
+        fail::fail_point!(crate::faults::OUTBOX_AFTER_SEND, |arg| Err(
+            StoreError::Transient(crate::faults::crash_or_error(
+                crate::faults::OUTBOX_AFTER_SEND,
+                arg
+            ))
+        ));
         let mut sent = Vec::new();
         let mut failed = Vec::new();
         for (row, result) in results {

@@ -131,6 +131,10 @@ impl QueueDestination {
 
     /// Send one message's JSON.
     pub async fn send(&self, json: &str) -> Result<(), SendFailure> {
+        #[cfg(feature = "failpoints")]
+        if let Some(injected) = injected_send_fault().await {
+            return injected;
+        }
         let client = self.client().map_err(|message| SendFailure {
             message,
             refused: false,
@@ -163,6 +167,30 @@ impl QueueDestination {
                 })
             }
         }
+    }
+}
+
+/// The `outbox_send` fault point (tests only): a status the queue
+/// answers, a slow send (then the real one), or a crash.
+#[cfg(feature = "failpoints")]
+async fn injected_send_fault() -> Option<Result<(), SendFailure>> {
+    let arg = fail::eval(crate::faults::OUTBOX_SEND, |arg| arg)?;
+    match arg.as_deref() {
+        Some("slow") => {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            None
+        }
+        Some(code) if code.parse::<u16>().is_ok() => {
+            let status = code.parse::<u16>().ok();
+            Some(Err(SendFailure {
+                message: format!("the queue answered {code} (fault injected at outbox_send)"),
+                refused: refused_for_good(status),
+            }))
+        }
+        _ => Some(Err(SendFailure {
+            message: crate::faults::crash_or_error(crate::faults::OUTBOX_SEND, arg),
+            refused: false,
+        })),
     }
 }
 

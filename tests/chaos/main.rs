@@ -31,6 +31,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod announcements;
 mod audit;
 mod dead_letters;
 mod driver;
@@ -55,6 +56,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use common::{RedisCluster, RedisServer, Verdict};
 
+use announcements::*;
 use audit::*;
 use dead_letters::*;
 use driver::*;
@@ -92,7 +94,13 @@ const IN_FLIGHT: usize = 32;
 /// unreachable most of the time); 1 % still kills reservation holders often.
 const FAILPOINTS: &str = "after_guard_acquire=0.8%return(crash)->1%return(error);\
                           before_complete=0.5%return(crash)->1%return(error);\
-                          in_release=1%return(crash)";
+                          in_release=1%return(crash);\
+                          outbox_send=2%return(503)->1%return(500)->0.3%return(413)->0.5%return(slow);\
+                          outbox_after_send=0.5%return(crash)";
+/// The queue announcements go to, and how long a killed dispatcher's rows
+/// stay leased.
+const ANNOUNCEMENTS: &str = "announcements";
+const OUTBOX_LEASE_SECONDS: u64 = 3;
 /// Event Grid's retry schedule (docs/host-protocol.md, "Event Grid through the host"), compressed below.
 const EG_SCHEDULE_SECONDS: [u64; 9] = [10, 30, 60, 300, 600, 1800, 3600, 10_800, 21_600];
 const BACKOFF_COMPRESSION: u64 = 50;
@@ -264,6 +272,14 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
     let short = shorten_budgets(&mut plan, &mut StdRng::seed_from_u64(seed ^ 0xdead_1e77));
     let azurite = common::azurite::Azurite::start();
     let dead_letters = Arc::new(azurite.container(CONTAINER).await);
+    // The announcements' queue, behind a proxy the schedule cuts.
+    let queue = common::azurite::Azurite::start_queue();
+    queue.create_queue(ANNOUNCEMENTS).await;
+    let queue_proxy = Arc::new(CutProxy::start(queue.port).await);
+    let outbox_storage = queue.queue_connection_string().replace(
+        &format!(":{}/", queue.port),
+        &format!(":{}/", queue_proxy.port),
+    );
 
     // The handlers.
     let stats = Arc::new(FleetStats::default());
@@ -295,6 +311,10 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
             ("SHUTDOWN_GRACE_SECONDS", "5".into()),
             ("RUST_LOG", "info".into()),
             ("FAILPOINTS", FAILPOINTS.into()),
+            ("OUTBOX_STORAGE", outbox_storage.clone()),
+            ("OUTBOX_QUEUE", ANNOUNCEMENTS.into()),
+            ("OUTBOX_MESSAGE_ENCODING", "none".into()),
+            ("OUTBOX_LEASE_SECONDS", OUTBOX_LEASE_SECONDS.to_string()),
         ] {
             env.push((k.to_string(), v));
         }
@@ -362,6 +382,7 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
         cache.clone(),
         Arc::clone(&db),
         kill_txs,
+        Arc::clone(&queue_proxy),
         Arc::clone(&chaos_stats),
     ));
     let tasks: Vec<_> = plan
@@ -422,7 +443,11 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
         );
     }
 
+    // The faults are over: what the dispatchers left is the operator's.
+    let (dispatch_after, dispatched_after) =
+        dispatch_until_done(&binary, &sweep_env, dir.path(), Duration::from_secs(90)).await;
     let tables = db.tables().await;
+    let announced = audit_announcements(&tables, &queue.drain_queue(ANNOUNCEMENTS, false).await);
     let guard_keys = {
         let cache = cache.clone();
         tokio::task::spawn_blocking(move || cache.keys_with_ttl("orden:*"))
@@ -478,7 +503,8 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
          redis_restarts={} redis_flushes={} redis_pauses={} failovers={} db_outages={} engine_restarts={} conflicts={}/{} poison={}/{} \
          executed_once={} lost={} double={} mismatched={} positions_wrong={} \
          orphan_reservations={} undelivered={} short_budgets={short} dead_lettered={dead_lettered} sweeps={} replayed={replayed} replay_executed={} replay_duplicates={} timeouts={} start_failures={} \
-         orphan_waits={} orphan_wait_median={:.1}s orphan_wait_max={:.1}s guard_unavailable_answers={} elapsed={:.1}s{}",
+         orphan_waits={} orphan_wait_median={:.1}s orphan_wait_max={:.1}s guard_unavailable_answers={} \
+         queue_outages={} announced={} messages={} extra_copies={} dispatched_after_faults={} all_dispatched_after={:.1}s elapsed={:.1}s{}",
         t.attempts.load(Ordering::Relaxed),
         stats.kills.load(Ordering::Relaxed),
         stats.crashes.load(Ordering::Relaxed),
@@ -508,6 +534,12 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
         waits.get(waits.len() / 2).map_or(0.0, Duration::as_secs_f64),
         waits.last().map_or(0.0, Duration::as_secs_f64),
         t.guard_unavailable.load(Ordering::Relaxed),
+        chaos_stats.queue_outages.load(Ordering::Relaxed),
+        announced.distinct,
+        announced.messages,
+        announced.extra_copies,
+        dispatched_after,
+        dispatch_after.as_secs_f64(),
         elapsed.as_secs_f64(),
         failover_figures.unwrap_or_default(),
     );
@@ -526,6 +558,7 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
     );
 
     let mut findings = audit.findings;
+    findings.extend(announced.findings);
     findings.extend(problems.lock().unwrap().iter().cloned());
     if cluster && chaos_stats.failovers.load(Ordering::Relaxed) != 1 {
         findings.push("the master failover did not run".into());

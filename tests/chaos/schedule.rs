@@ -128,6 +128,9 @@ pub(crate) enum Action {
     /// Redis cluster only: a master SIGKILLed, its replica promoted by the
     /// cluster, the old master started again (it rejoins as a replica).
     MasterFailover,
+    /// The announcements' queue unreachable for a while: every connection
+    /// to it cut and new ones refused.
+    QueueOutage(Duration),
 }
 
 #[derive(Default)]
@@ -138,6 +141,7 @@ pub(crate) struct ChaosStats {
     pub(crate) db_outages: AtomicU64,
     pub(crate) engine_restarts: AtomicU64,
     pub(crate) failovers: AtomicU64,
+    pub(crate) queue_outages: AtomicU64,
     pub(crate) failover: Mutex<Option<FailoverReport>>,
 }
 
@@ -216,6 +220,11 @@ pub(crate) fn chaos_plan(
             actions.push(Action::EngineRestart);
         }
     }
+    for _ in 0..(n / 250).max(2) {
+        actions.push(Action::QueueOutage(Duration::from_millis(
+            rng.gen_range(800..=2500),
+        )));
+    }
     let mut timed: Vec<(Duration, Action)> = actions
         .into_iter()
         .map(|a| (spread.mul_f64(rng.gen_range(0.05..0.8)), a))
@@ -237,6 +246,7 @@ pub(crate) async fn run_chaos(
     cache: Cache,
     db: Arc<Db>,
     kill_txs: Vec<mpsc::UnboundedSender<KillRequest>>,
+    queue: Arc<CutProxy>,
     stats: Arc<ChaosStats>,
 ) {
     for (at, action) in schedule {
@@ -298,6 +308,10 @@ pub(crate) async fn run_chaos(
                     Db::SqlServer { proxy, .. } => proxy.outage(hold).await,
                 }
                 stats.db_outages.fetch_add(1, Ordering::Relaxed);
+            }
+            Action::QueueOutage(hold) => {
+                queue.outage(hold).await;
+                stats.queue_outages.fetch_add(1, Ordering::Relaxed);
             }
             Action::MasterFailover => {
                 let Cache::Cluster(c) = &cache else {

@@ -1,0 +1,139 @@
+//! The outbox under chaos (issue 32): every handler dispatches to a real
+//! Azure Queue Storage API (Azurite's queue service) through a proxy the
+//! schedule cuts (the destination down), with the send answering 500, 503
+//! or 413, or slow, and dispatchers killed between send and mark (fault
+//! points `outbox_send`, `outbox_after_send`). Once the faults end (the
+//! handlers stopped, the dead letters replayed), an operator's `outbox
+//! retry` and `outbox dispatch` send what is left, timed; then the queue is
+//! read whole and audited against the tables.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::audit::Tables;
+
+/// What the queue held, judged against the tables.
+#[derive(Debug, Default)]
+pub(crate) struct AnnouncementAudit {
+    pub(crate) messages: usize,
+    pub(crate) distinct: usize,
+    /// Copies beyond the first of an id (at least once: expected, counted).
+    pub(crate) extra_copies: usize,
+    pub(crate) findings: Vec<String>,
+}
+
+/// Each executed order announced at least once, every copy with its id
+/// and the same bytes, nothing announced that did not execute.
+pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> AnnouncementAudit {
+    let mut a = AnnouncementAudit {
+        messages: texts.len(),
+        ..AnnouncementAudit::default()
+    };
+    let executed: HashMap<String, &String> = tables
+        .orders
+        .iter()
+        .filter(|(_, row)| row.0 == "Executed")
+        .map(|(id, _)| (order_guard::store::message_id(id), id))
+        .collect();
+    let mut copies: BTreeMap<String, Vec<&String>> = BTreeMap::new();
+    for t in texts {
+        match serde_json::from_str::<Value>(t) {
+            Ok(e) => copies
+                .entry(e["id"].as_str().unwrap_or_default().to_string())
+                .or_default()
+                .push(t),
+            Err(e) => a
+                .findings
+                .push(format!("a message is not JSON ({e}): {t:.200}")),
+        }
+    }
+    a.distinct = copies.len();
+    for (id, texts) in &copies {
+        a.extra_copies += texts.len() - 1;
+        if texts.iter().any(|t| *t != texts[0]) {
+            a.findings
+                .push(format!("announcement {id}: copies differ: {texts:?}"));
+        }
+        match executed.get(id) {
+            None => a.findings.push(format!(
+                "announcement {id} of no executed order: {:.300}",
+                texts[0]
+            )),
+            Some(order_id) => {
+                let e: Value = serde_json::from_str(texts[0]).unwrap_or_default();
+                if e["data"]["orderId"].as_str() != Some(order_id.as_str()) {
+                    a.findings.push(format!(
+                        "announcement {id} names order {} instead of {order_id}",
+                        e["data"]["orderId"]
+                    ));
+                }
+            }
+        }
+    }
+    for (id, order_id) in &executed {
+        if !copies.contains_key(id) {
+            a.findings.push(format!(
+                "order {order_id} executed and never announced ({id})"
+            ));
+        }
+    }
+    a
+}
+
+/// The operator's runbook once the faults are over: `outbox retry` (what
+/// a 413 parked), then `outbox dispatch` until `outbox list` shows nothing
+/// waiting (leases of killed dispatchers run out meanwhile). Answers how
+/// long that took and how many it sent; a panic past `bound`.
+pub(crate) async fn dispatch_until_done(
+    binary: &Path,
+    env: &[(String, String)],
+    app_root: &Path,
+    bound: Duration,
+) -> (Duration, u64) {
+    let started = Instant::now();
+    let run = |args: &'static [&'static str]| {
+        let mut cmd = tokio::process::Command::new(binary);
+        cmd.args(args)
+            .kill_on_drop(true)
+            .current_dir(app_root)
+            .env_remove("FAILPOINTS")
+            .env("RUST_LOG", "warn");
+        for (k, v) in env.iter().filter(|(k, _)| k != "FAILPOINTS") {
+            cmd.env(k, v);
+        }
+        async move {
+            let out = cmd.output().await.expect("cannot run order-guard outbox");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(out.status.success(), "order-guard {args:?} failed: {text}");
+            text
+        }
+    };
+    run(&["outbox", "retry"]).await;
+    let mut sent = 0;
+    loop {
+        let out = run(&["outbox", "dispatch"]).await;
+        sent += out
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        let list = run(&["outbox", "list"]).await;
+        if list.contains("undispatched=0 ") {
+            return (started.elapsed(), sent);
+        }
+        assert!(
+            started.elapsed() < bound,
+            "announcements still waiting {} s after the faults ended:\n{list}",
+            bound.as_secs()
+        );
+        // Waiting out the lease of a killed dispatcher: its end is a time.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
