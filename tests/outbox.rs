@@ -14,7 +14,7 @@ use order_guard::order::Order;
 use order_guard::outbox::envelope::cloud_event;
 use order_guard::outbox::queue::queue_sas;
 use order_guard::outbox::{
-    DispatchSettings, Dispatcher, Encoding, Naming, QueueDestination, QueueSettings,
+    Destination, DispatchSettings, Dispatcher, Encoding, Naming, QueueDestination, QueueSettings,
 };
 use order_guard::store::{message_id, Execution, Listing, OrderStore};
 use serde_json::{json, Value};
@@ -44,7 +44,7 @@ fn queue_settings(azurite: &Azurite, queue: &str) -> QueueSettings {
 fn dispatcher(store: &Arc<dyn OrderStore>, settings: QueueSettings) -> Dispatcher {
     Dispatcher::new(
         Arc::clone(store),
-        QueueDestination::new(settings),
+        Destination::Queue(QueueDestination::new(settings)),
         DispatchSettings::default(),
     )
 }
@@ -188,7 +188,10 @@ async fn a_dispatcher_killed_between_send_and_mark_repeats_only_that_id() {
     // once it has run out (the lease is the only signal there is).
     let other = Dispatcher::new(
         Arc::clone(&store),
-        QueueDestination::new(queue_settings(&azurite, "order-executed")),
+        Destination::Queue(QueueDestination::new(queue_settings(
+            &azurite,
+            "order-executed",
+        ))),
         DispatchSettings {
             lease,
             ..DispatchSettings::default()

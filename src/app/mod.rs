@@ -239,7 +239,7 @@ async fn build_processor_as(
     // `serve` announces what it executes; a command's executions are sent
     // by the dispatchers of the instances that serve.
     let dispatcher = match start {
-        Start::Serve => outbox::start_dispatcher(config, &store),
+        Start::Serve => outbox::start_dispatcher(config, &store)?,
         Start::Command => None,
     };
     let processor = Arc::new(

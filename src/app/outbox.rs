@@ -1,33 +1,38 @@
 //! The outbox's commands and its dispatcher's start: `serve` runs one
-//! dispatcher when `OUTBOX_STORAGE` is set; `outbox list`, `outbox retry`
+//! dispatcher when a destination is set (`OUTBOX_STORAGE` or
+//! `OUTBOX_TOPIC_ENDPOINT`); `outbox list`, `outbox retry`
 //! and `outbox dispatch` are the operator's (issue 32).
 
 use std::fmt::Write;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::outbox::{Dispatcher, QueueDestination};
+use crate::outbox::{Destination, DestinationSettings, Dispatcher};
 use crate::store::{Listing, OrderStore};
 
 /// The dispatcher `serve` runs beside the handler, started (its first
 /// round picks up what earlier instances left), or `None` without a
 /// destination.
-pub fn start_dispatcher(config: &Config, store: &Arc<dyn OrderStore>) -> Option<Arc<Dispatcher>> {
-    let Some(queue) = &config.outbox.queue else {
+pub fn start_dispatcher(
+    config: &Config,
+    store: &Arc<dyn OrderStore>,
+) -> anyhow::Result<Option<Arc<Dispatcher>>> {
+    let Some(settings) = &config.outbox.destination else {
         log::info!(
-            "outbox: OUTBOX_STORAGE is not set: executions are announced in the {} store's Outbox table and not sent anywhere",
+            "outbox: neither OUTBOX_STORAGE nor OUTBOX_TOPIC_ENDPOINT is set: executions are announced in the {} store's Outbox table and not sent anywhere",
             store.name()
         );
-        return None;
+        return Ok(None);
     };
+    let destination = Destination::new(settings).map_err(|e| anyhow::anyhow!("outbox: {e}"))?;
     let dispatcher = Arc::new(Dispatcher::new(
         Arc::clone(store),
-        QueueDestination::new(queue.clone()),
+        destination,
         config.outbox.dispatch.clone(),
     ));
     log::info!("outbox: dispatching to the {}", dispatcher.describe());
     tokio::spawn(Arc::clone(&dispatcher).run());
-    Some(dispatcher)
+    Ok(Some(dispatcher))
 }
 
 /// Most rows `outbox list` shows.
@@ -77,21 +82,23 @@ pub async fn outbox_retry(config: &Config, message_id: Option<&str>) -> anyhow::
 /// `outbox dispatch`: send what is due now, once, and say how many.
 pub async fn outbox_dispatch(config: &Config) -> anyhow::Result<usize> {
     let (_, store) = super::open_checked(config).await?;
-    let Some(queue) = &config.outbox.queue else {
-        anyhow::bail!("OUTBOX_STORAGE is not set: there is nowhere to send announcements");
+    let Some(settings) = &config.outbox.destination else {
+        anyhow::bail!(
+            "neither OUTBOX_STORAGE nor OUTBOX_TOPIC_ENDPOINT is set: there is nowhere to send announcements"
+        );
     };
-    let dispatcher = Dispatcher::new(
-        store,
-        QueueDestination::new(queue.clone()),
-        config.outbox.dispatch.clone(),
-    );
+    let destination = Destination::new(settings).map_err(|e| anyhow::anyhow!("outbox: {e}"))?;
+    let dispatcher = Dispatcher::new(store, destination, config.outbox.dispatch.clone());
     Ok(dispatcher.drain().await?)
 }
 
 /// Where announcements go, for `outbox list` and `status`.
 pub fn destination(config: &Config) -> String {
-    match &config.outbox.queue {
-        Some(q) => format!("queue {} at {}", q.queue, q.storage.endpoint),
-        None => "none (OUTBOX_STORAGE not set: kept, not sent)".into(),
+    match &config.outbox.destination {
+        Some(DestinationSettings::Queue(q)) => {
+            format!("queue {} at {}", q.queue, q.storage.endpoint)
+        }
+        Some(DestinationSettings::Topic(t)) => format!("Event Grid topic {}", t.endpoint),
+        None => "none (no OUTBOX_STORAGE or OUTBOX_TOPIC_ENDPOINT: kept, not sent)".into(),
     }
 }

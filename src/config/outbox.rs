@@ -3,8 +3,11 @@
 use std::time::Duration;
 
 use super::{err, ConfigError};
-use crate::deadletter::storage::{check_container, parse_storage_of, Service};
-use crate::outbox::{DispatchSettings, Encoding, Naming, OutboxSettings, QueueSettings};
+use crate::deadletter::storage::{check_container, parse_storage_of, Secret, Service};
+use crate::outbox::{
+    DestinationSettings, DispatchSettings, Encoding, Naming, OutboxSettings, QueueSettings, Schema,
+    TopicAuth, TopicSettings,
+};
 
 /// Default `OUTBOX_QUEUE`.
 pub const DEFAULT_OUTBOX_QUEUE: &str = "order-executed";
@@ -76,14 +79,74 @@ pub(super) fn outbox(
             })
         }
     };
+    let topic = topic(val)?;
+    let destination = match (queue, topic) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "OUTBOX_TOPIC_ENDPOINT",
+                "and OUTBOX_STORAGE are both set: announcements go to one destination, a Storage Queue or an Event Grid topic; unset one",
+            ))
+        }
+        (Some(q), None) => Some(DestinationSettings::Queue(q)),
+        (None, Some(t)) => Some(DestinationSettings::Topic(t)),
+        (None, None) => None,
+    };
     Ok(OutboxSettings {
-        queue,
+        destination,
         dispatch: DispatchSettings {
             naming,
             retention: Duration::from_secs(retention_hours * 3600),
             ..DispatchSettings::default()
         },
     })
+}
+
+/// `OUTBOX_TOPIC_ENDPOINT`, `OUTBOX_TOPIC_KEY`, `OUTBOX_TOPIC_SCHEMA`: an
+/// Event Grid custom topic, or `None`. The key is never shown.
+fn topic(val: &impl Fn(&str) -> Option<String>) -> Result<Option<TopicSettings>, ConfigError> {
+    let schema = match val("OUTBOX_TOPIC_SCHEMA").as_deref() {
+        None | Some("eventgrid") => Schema::EventGrid,
+        Some("cloudevents") => Schema::CloudEvents,
+        Some(other) => {
+            return Err(err(
+                "OUTBOX_TOPIC_SCHEMA",
+                format!("expected \"eventgrid\" or \"cloudevents\" (the topic's input schema), got {other:?}"),
+            ))
+        }
+    };
+    let Some(endpoint) = val("OUTBOX_TOPIC_ENDPOINT") else {
+        if val("OUTBOX_TOPIC_KEY").is_some() {
+            return Err(err(
+                "OUTBOX_TOPIC_KEY",
+                "is set but OUTBOX_TOPIC_ENDPOINT is not: give the topic's endpoint (az eventgrid topic show --query endpoint)",
+            ));
+        }
+        return Ok(None);
+    };
+    let loopback = ["http://127.", "http://localhost", "http://[::1]"]
+        .iter()
+        .any(|p| endpoint.starts_with(p));
+    if !(endpoint.starts_with("https://") || loopback) || endpoint.contains('?') {
+        return Err(err(
+            "OUTBOX_TOPIC_ENDPOINT",
+            "expected the topic's endpoint, https://<topic>.<region>-1.eventgrid.azure.net/api/events (no query; http only to this machine)",
+        ));
+    }
+    let auth = match val("OUTBOX_TOPIC_KEY") {
+        Some(key) => TopicAuth::Key(Secret::new(key)),
+        None if loopback => {
+            return Err(err(
+                "OUTBOX_TOPIC_KEY",
+                "is needed for a plain-http endpoint: Entra ID tokens are never sent over http",
+            ))
+        }
+        None => TopicAuth::EntraId,
+    };
+    Ok(Some(TopicSettings {
+        endpoint,
+        auth,
+        schema,
+    }))
 }
 
 /// A name without white space or control characters, or `default`.
@@ -101,12 +164,48 @@ fn word(v: Option<String>, var: &'static str, default: &str) -> Result<String, C
 #[cfg(test)]
 mod tests {
     use crate::config::tests::config;
-    use crate::outbox::Encoding;
+    use crate::config::Config;
+    use crate::outbox::{DestinationSettings, Encoding, QueueSettings, Schema, TopicAuth};
+
+    fn queue(c: &Config) -> QueueSettings {
+        match c.outbox.destination.clone() {
+            Some(DestinationSettings::Queue(q)) => q,
+            other => panic!("want a queue, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_event_grid_topic_by_key_or_by_identity() {
+        let endpoint = "https://orders.westeurope-1.eventgrid.azure.net/api/events";
+        let c = config(&[
+            ("OUTBOX_TOPIC_ENDPOINT", endpoint),
+            ("OUTBOX_TOPIC_KEY", "c2VjcmV0LWtleQ=="),
+            ("OUTBOX_TOPIC_SCHEMA", "cloudevents"),
+        ])
+        .unwrap();
+        let Some(DestinationSettings::Topic(t)) = c.outbox.destination else {
+            panic!("want a topic")
+        };
+        assert_eq!(
+            (t.endpoint.as_str(), t.schema),
+            (endpoint, Schema::CloudEvents)
+        );
+        assert!(matches!(t.auth, TopicAuth::Key(_)));
+        assert!(
+            !format!("{t:?}").contains("c2VjcmV0LWtleQ"),
+            "the key is never shown"
+        );
+        let c = config(&[("OUTBOX_TOPIC_ENDPOINT", endpoint)]).unwrap();
+        let Some(DestinationSettings::Topic(t)) = c.outbox.destination else {
+            panic!("want a topic")
+        };
+        assert_eq!((t.auth, t.schema), (TopicAuth::EntraId, Schema::EventGrid));
+    }
 
     #[test]
     fn no_storage_no_dispatch_and_the_rows_kept_a_week() {
         let c = config(&[]).unwrap();
-        assert_eq!(c.outbox.queue, None);
+        assert_eq!(c.outbox.destination, None);
         assert_eq!(c.outbox.dispatch.retention.as_secs(), 7 * 24 * 3600);
         assert_eq!(c.outbox.dispatch.naming.type_prefix, "OrderGuard");
     }
@@ -114,7 +213,7 @@ mod tests {
     #[test]
     fn a_connection_string_names_the_accounts_queue_service() {
         let c = config(&[("OUTBOX_STORAGE", "UseDevelopmentStorage=true")]).unwrap();
-        let q = c.outbox.queue.unwrap();
+        let q = queue(&c);
         assert_eq!(q.queue, "order-executed");
         assert_eq!(
             q.storage.endpoint,
@@ -129,7 +228,7 @@ mod tests {
             ("OUTBOX_RETENTION_HOURS", "48"),
         ])
         .unwrap();
-        let q = c.outbox.queue.unwrap();
+        let q = queue(&c);
         assert_eq!(
             q.storage.endpoint,
             "https://ordersprod.queue.core.windows.net"
@@ -146,7 +245,7 @@ mod tests {
             "https://ordersprod.queue.core.windows.net/executions",
         )])
         .unwrap();
-        assert_eq!(c.outbox.queue.unwrap().queue, "executions");
+        assert_eq!(queue(&c).queue, "executions");
     }
 
     #[test]

@@ -23,11 +23,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::{self, StreamExt};
 use tokio::sync::Notify;
 
-use super::envelope::{cloud_event, Naming};
-use super::queue::{QueueDestination, SendFailure};
+use super::destination::{Destination, SendFailure};
+use super::envelope::Naming;
 use crate::store::{Announcement, Deferral, OrderStore, StoreError};
 
 /// How the dispatcher runs (built by `config`).
@@ -127,7 +126,7 @@ pub struct Round {
 
 pub struct Dispatcher {
     store: Arc<dyn OrderStore>,
-    destination: QueueDestination,
+    destination: Destination,
     settings: DispatchSettings,
     announcer: Announcer,
     counters: Counters,
@@ -136,7 +135,7 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new(
         store: Arc<dyn OrderStore>,
-        destination: QueueDestination,
+        destination: Destination,
         settings: DispatchSettings,
     ) -> Dispatcher {
         Dispatcher {
@@ -178,15 +177,12 @@ impl Dispatcher {
         if claim.rows.is_empty() {
             return Ok(round);
         }
-        let results: Vec<(Announcement, Result<(), SendFailure>)> =
-            stream::iter(claim.rows.into_iter().map(|row| async move {
-                let json = cloud_event(&s.naming, &row).to_string();
-                let sent = self.destination.send(&json).await;
-                (row, sent)
-            }))
-            .buffered(s.in_flight.max(1))
-            .collect()
+        let answers = self
+            .destination
+            .send_all(&s.naming, &claim.rows, s.in_flight)
             .await;
+        let results: Vec<(Announcement, Result<(), SendFailure>)> =
+            claim.rows.into_iter().zip(answers).collect();
         // Sent, not marked yet: a dispatcher killed here (tests: `crash`)
         // leaves its rows leased, sent again when the lease ends.
         fail::fail_point!(crate::faults::OUTBOX_AFTER_SEND, |arg| Err(

@@ -62,6 +62,19 @@ pub fn cloud_event(naming: &Naming, a: &Announcement) -> Value {
     })
 }
 
+/// The row as an Event Grid schema event (a topic created with the Event
+/// Grid input schema).
+pub fn event_grid_event(naming: &Naming, a: &Announcement) -> Value {
+    json!({
+        "id": a.message_id,
+        "subject": format!("orders/{}", a.order_id),
+        "eventType": event_type(naming, a),
+        "eventTime": a.executed_at,
+        "data": data(a),
+        "dataVersion": "1.0",
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +130,19 @@ mod tests {
             cloud_event(&Naming::default(), &later).to_string(),
             e.to_string()
         );
+    }
+
+    #[test]
+    fn the_event_grid_form_carries_the_same_facts() {
+        let e = event_grid_event(&Naming::default(), &row());
+        let c = cloud_event(&Naming::default(), &row());
+        assert_eq!(e["id"], c["id"]);
+        assert_eq!(e["eventType"], c["type"]);
+        assert_eq!(e["subject"], c["subject"]);
+        assert_eq!(e["eventTime"], c["time"]);
+        assert_eq!(e["data"], c["data"]);
+        assert_eq!(e["dataVersion"], "1.0");
+        assert_eq!(e.as_object().unwrap().len(), 6);
     }
 
     #[test]

@@ -3,23 +3,28 @@
 //!
 //! The store writes the announcement with the execution, in the same call
 //! (`store::announcement`); this module sends it afterwards:
-//! [`envelope`] turns a row into the message (pure), [`queue`] is the
-//! destination (an Azure Storage Queue), [`dispatch`] claims, sends, marks,
-//! defers and purges. Without a destination nothing is dispatched and the
+//! [`envelope`] turns a row into the message (pure), [`destination`] is
+//! where it goes: an Azure Storage Queue ([`queue`]) or an Event Grid
+//! custom topic ([`topic`]); [`dispatch`] claims, sends, marks, defers and
+//! purges. Without a destination nothing is dispatched and the
 //! rows stay in the table, the record of every execution.
 
+pub mod destination;
 pub mod dispatch;
 pub mod envelope;
 pub mod queue;
+pub mod topic;
 
+pub use destination::{Destination, DestinationSettings, SendFailure};
 pub use dispatch::{Announcer, DispatchSettings, Dispatcher};
 pub use envelope::Naming;
 pub use queue::{Encoding, QueueDestination, QueueSettings};
+pub use topic::{Schema, TopicAuth, TopicDestination, TopicSettings};
 
 /// The outbox's settings (built by `config`): where to send, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxSettings {
     /// `None`: announcements are written and kept, not sent.
-    pub queue: Option<QueueSettings>,
+    pub destination: Option<DestinationSettings>,
     pub dispatch: DispatchSettings,
 }

@@ -23,6 +23,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use super::destination::SendFailure;
 use crate::deadletter::storage::{Credential, StorageTarget};
 
 /// The service version the SAS is signed for.
@@ -49,15 +50,6 @@ pub struct QueueSettings {
     pub storage: StorageTarget,
     pub queue: String,
     pub encoding: Encoding,
-}
-
-/// Why a send failed, as the dispatcher needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendFailure {
-    pub message: String,
-    /// The destination refused this message for good (too large, not
-    /// acceptable): sending it again cannot help; it is parked.
-    pub refused: bool,
 }
 
 /// A queue client, made anew when its SAS is about to end.
@@ -132,7 +124,7 @@ impl QueueDestination {
     /// Send one message's JSON.
     pub async fn send(&self, json: &str) -> Result<(), SendFailure> {
         #[cfg(feature = "failpoints")]
-        if let Some(injected) = injected_send_fault().await {
+        if let Some(injected) = super::destination::injected_send_fault().await {
             return injected;
         }
         let client = self.client().map_err(|message| SendFailure {
@@ -167,30 +159,6 @@ impl QueueDestination {
                 })
             }
         }
-    }
-}
-
-/// The `outbox_send` fault point (tests only): a status the queue
-/// answers, a slow send (then the real one), or a crash.
-#[cfg(feature = "failpoints")]
-async fn injected_send_fault() -> Option<Result<(), SendFailure>> {
-    let arg = fail::eval(crate::faults::OUTBOX_SEND, |arg| arg)?;
-    match arg.as_deref() {
-        Some("slow") => {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            None
-        }
-        Some(code) if code.parse::<u16>().is_ok() => {
-            let status = code.parse::<u16>().ok();
-            Some(Err(SendFailure {
-                message: format!("the queue answered {code} (fault injected at outbox_send)"),
-                refused: refused_for_good(status),
-            }))
-        }
-        _ => Some(Err(SendFailure {
-            message: crate::faults::crash_or_error(crate::faults::OUTBOX_SEND, arg),
-            refused: false,
-        })),
     }
 }
 

@@ -2,7 +2,8 @@
 //! `redis-server`s and clusters on free loopback ports), `mssql` (the SQL
 //! Server under test, fresh databases, least-privileged logins), `host`
 //! (a real handler on an ephemeral port and a host-like client),
-//! `azurite` (Blob Storage), `identity` (Entra ID endpoints), `proxy`
+//! `azurite` (Blob and Queue Storage), `event_grid` (an endpoint that
+//! enforces Event Grid's publish contract), `identity` (Entra ID endpoints), `proxy`
 //! (a TCP proxy that cuts or drops); here: ports, guards and stores,
 //! processors, events, signals.
 #![allow(dead_code)]
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod azurite;
+pub mod event_grid;
 mod host;
 pub mod identity;
 mod mssql;

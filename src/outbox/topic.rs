@@ -1,0 +1,214 @@
+//! The outbox's other destination: an Event Grid custom topic, through its
+//! documented publish API (`POST <endpoint>?api-version=2018-01-01`, a JSON
+//! array of events, at most 1 MB a request; `aeg-sas-key: <key>` or
+//! `Authorization: Bearer <Entra ID token>` with the role EventGrid Data
+//! Sender; 200 accepted, 400 malformed, 401/403 not allowed, 404 no such
+//! topic, 413 too large). Contract-tested against a local endpoint that
+//! enforces that contract (`tests/common/event_grid.rs`), not emulated.
+//!
+//! A round's events go in as few requests as fit in 1 MB ([`chunks`]); a
+//! request's answer is each of its events' answer. Event Grid promises no
+//! order of delivery either.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use super::destination::SendFailure;
+use crate::deadletter::storage::Secret;
+
+/// The API version of the publish call.
+pub const API_VERSION: &str = "2018-01-01";
+/// Event Grid's limit on one publish request (and one event).
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+/// Entra ID scope of Event Grid's data plane.
+const EVENT_GRID_SCOPE: &str = "https://eventgrid.azure.net/.default";
+
+/// The topic's input schema (what it was created with).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schema {
+    /// `--input-schema eventgridschema` (the default of `az eventgrid topic create`).
+    EventGrid,
+    /// `--input-schema cloudeventschemav1_0`.
+    CloudEvents,
+}
+
+impl Schema {
+    fn content_type(self) -> &'static str {
+        match self {
+            Schema::EventGrid => "application/json",
+            Schema::CloudEvents => "application/cloudevents-batch+json; charset=utf-8",
+        }
+    }
+}
+
+/// How the dispatcher signs in to the topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopicAuth {
+    /// The topic's access key (`aeg-sas-key`).
+    Key(Secret),
+    /// The app's identity (role EventGrid Data Sender on the topic).
+    EntraId,
+}
+
+/// An Event Grid custom topic (built by `config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSettings {
+    /// `https://<topic>.<region>-1.eventgrid.azure.net/api/events`.
+    pub endpoint: String,
+    pub auth: TopicAuth,
+    pub schema: Schema,
+}
+
+pub struct TopicDestination {
+    settings: TopicSettings,
+    client: reqwest::Client,
+    entra: Option<crate::entra::ChainCredential>,
+}
+
+impl TopicDestination {
+    pub fn new(settings: TopicSettings) -> Result<TopicDestination, String> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("cannot make the HTTP client: {e}"))?;
+        let entra = (settings.auth == TopicAuth::EntraId)
+            .then(|| crate::entra::default_chain_credential(None, Duration::from_secs(10)));
+        Ok(TopicDestination {
+            settings,
+            client,
+            entra,
+        })
+    }
+
+    pub fn schema(&self) -> Schema {
+        self.settings.schema
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "Event Grid topic {} ({} schema, {})",
+            self.settings.endpoint,
+            match self.settings.schema {
+                Schema::EventGrid => "Event Grid",
+                Schema::CloudEvents => "CloudEvents",
+            },
+            match self.settings.auth {
+                TopicAuth::Key(_) => "access key",
+                TopicAuth::EntraId => "Entra ID",
+            }
+        )
+    }
+
+    /// Publish `events` (each a JSON event of the topic's schema) in as
+    /// few requests as fit; one answer per event.
+    pub async fn send_all(&self, events: &[String]) -> Vec<Result<(), SendFailure>> {
+        let mut answers = Vec::with_capacity(events.len());
+        for range in chunks(events, MAX_REQUEST_BYTES) {
+            let batch = &events[range];
+            let answer = self.post(batch).await;
+            answers.extend(batch.iter().map(|_| answer.clone()));
+        }
+        answers
+    }
+
+    async fn post(&self, batch: &[String]) -> Result<(), SendFailure> {
+        #[cfg(feature = "failpoints")]
+        if let Some(injected) = super::destination::injected_send_fault().await {
+            return injected;
+        }
+        let body = format!("[{}]", batch.join(","));
+        let mut request = self
+            .client
+            .post(format!(
+                "{}?api-version={API_VERSION}",
+                self.settings.endpoint
+            ))
+            .header("content-type", self.settings.schema.content_type())
+            .body(body);
+        request = match (&self.settings.auth, &self.entra) {
+            (TopicAuth::Key(key), _) => request.header("aeg-sas-key", key.expose()),
+            (TopicAuth::EntraId, Some(chain)) => {
+                use azure_core::credentials::TokenCredential;
+                let token = chain
+                    .get_token(&[EVENT_GRID_SCOPE], None)
+                    .await
+                    .map_err(|e| SendFailure {
+                        message: format!("no Entra ID token for Event Grid ({e}); on Azure give the app's identity the EventGrid Data Sender role on the topic; locally run `az login`"),
+                        refused: false,
+                    })?;
+                request.bearer_auth(token.token.secret())
+            }
+            (TopicAuth::EntraId, None) => unreachable!("made with the credential"),
+        };
+        let response = request.send().await.map_err(|e| SendFailure {
+            message: format!("the topic could not be reached: {e}"),
+            refused: false,
+        })?;
+        let status = response.status().as_u16();
+        if response.status().is_success() {
+            return Ok(());
+        }
+        let text = response.text().await.unwrap_or_default();
+        let detail = crate::event::escaped(text.get(..300).unwrap_or(&text));
+        Err(SendFailure {
+            message: match status {
+                401 | 403 => format!("the topic refused the credential ({status}): check OUTBOX_TOPIC_KEY, or the app's EventGrid Data Sender role; {detail}"),
+                404 => format!("no topic at OUTBOX_TOPIC_ENDPOINT (404): {detail}"),
+                _ => format!("the topic answered {status}: {detail}"),
+            },
+            // One event the topic refuses (malformed, too large) is refused
+            // for good; a batch refused whole says nothing of each event.
+            refused: batch.len() == 1 && matches!(status, 400 | 413),
+        })
+    }
+}
+
+/// The ranges of `events` that each fit in one request of at most `limit`
+/// bytes as a JSON array (`[` + events joined by `,` + `]`), in order; an
+/// event too large alone is a range of its own (the topic refuses it).
+pub fn chunks(events: &[String], limit: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut size = 2;
+    for (i, e) in events.iter().enumerate() {
+        let added = e.len() + usize::from(i > start);
+        if i > start && size + added > limit {
+            out.push(start..i);
+            start = i;
+            size = 2 + e.len();
+        } else {
+            size += added;
+        }
+    }
+    if start < events.len() {
+        out.push(start..events.len());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(sizes: &[usize]) -> Vec<String> {
+        sizes.iter().map(|n| "x".repeat(*n)).collect()
+    }
+
+    #[test]
+    fn requests_are_packed_up_to_the_limit_in_order() {
+        // [a,b] = 2 + 3 + 1 + 3 = 9 bytes.
+        assert_eq!(chunks(&events(&[3, 3]), 9), vec![0..2]);
+        assert_eq!(chunks(&events(&[3, 3]), 8), vec![0..1, 1..2]);
+        assert_eq!(chunks(&events(&[3, 3, 3]), 13), vec![0..3]);
+        assert_eq!(chunks(&events(&[3, 3, 3]), 12), vec![0..2, 2..3]);
+        assert_eq!(chunks(&events(&[]), 10), Vec::<Range<usize>>::new());
+        // Too large alone: its own request, the rest unaffected.
+        assert_eq!(chunks(&events(&[2, 50, 2]), 10), vec![0..1, 1..2, 2..3]);
+        // Every request of a real round fits Event Grid's limit.
+        let round = events(&[700; 3000]);
+        for r in chunks(&round, MAX_REQUEST_BYTES) {
+            let body = format!("[{}]", round[r].join(","));
+            assert!(body.len() <= MAX_REQUEST_BYTES);
+        }
+    }
+}

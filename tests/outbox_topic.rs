@@ -1,0 +1,247 @@
+//! The outbox's Event Grid destination (issue 32), contract-tested: a local
+//! endpoint enforces the publish API's contract as Microsoft documents it
+//! (`tests/common/event_grid.rs`: path and api-version, the access key, the
+//! schema's content type, 1 MB a request, the required fields), and plays
+//! the service failing. Not an emulator: what the topic would deliver is
+//! not exercised here.
+
+mod common;
+
+use std::sync::Arc;
+
+use order_guard::deadletter::storage::Secret;
+use order_guard::order::Order;
+use order_guard::outbox::{
+    Destination, DispatchSettings, Dispatcher, Schema, TopicAuth, TopicDestination, TopicSettings,
+};
+use order_guard::store::{message_id, Execution, Listing, OrderStore};
+use serde_json::json;
+
+use common::event_grid::EventGridTopic;
+use common::unique_id;
+
+fn order(id: &str, account: &str, qty: &str) -> Order {
+    Order::from_data(&json!({
+        "orderId": id, "accountId": account, "side": "buy", "symbol": "MSFT", "quantity": qty
+    }))
+    .unwrap()
+}
+
+fn dispatcher(store: &Arc<dyn OrderStore>, topic: &EventGridTopic, key: &str) -> Dispatcher {
+    let settings = TopicSettings {
+        endpoint: topic.endpoint(),
+        auth: TopicAuth::Key(Secret::new(key)),
+        schema: if topic.cloud_events() {
+            Schema::CloudEvents
+        } else {
+            Schema::EventGrid
+        },
+    };
+    Dispatcher::new(
+        Arc::clone(store),
+        Destination::Topic(TopicDestination::new(settings).unwrap()),
+        DispatchSettings::default(),
+    )
+}
+
+async fn executed(store: &Arc<dyn OrderStore>, n: usize) -> Vec<Order> {
+    let account = unique_id("acct");
+    let mut orders = Vec::new();
+    for i in 0..n {
+        let o = order(&unique_id("ord"), &account, &(i + 1).to_string());
+        assert_eq!(
+            store.execute(&o, "e", "{}").await.unwrap(),
+            Execution::Executed
+        );
+        orders.push(o);
+    }
+    orders
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_grid_schema_events_reach_the_topic_in_one_request() {
+    let topic = EventGridTopic::start("topic-key-1", false).await;
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let orders = executed(&store, 5).await;
+    let d = dispatcher(&store, &topic, topic.key());
+    assert_eq!(d.drain().await.unwrap(), 5);
+    assert_eq!(topic.requests(), 1, "one request for the round");
+    let got = topic.accepted();
+    assert_eq!(got.len(), 5);
+    for (o, e) in orders.iter().zip(&got) {
+        assert_eq!(e["id"], message_id(&o.order_id).as_str());
+        assert_eq!(e["eventType"], "OrderGuard.OrderExecuted");
+        assert_eq!(e["subject"], format!("orders/{}", o.order_id));
+        assert_eq!(e["data"]["orderId"], o.order_id.as_str());
+        assert_eq!(e["dataVersion"], "1.0");
+    }
+    assert_eq!(store.outbox_counts().await.unwrap().undispatched, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloudevents_topic_gets_cloud_events() {
+    let topic = EventGridTopic::start("topic-key-2", true).await;
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let orders = executed(&store, 2).await;
+    assert_eq!(
+        dispatcher(&store, &topic, topic.key())
+            .drain()
+            .await
+            .unwrap(),
+        2
+    );
+    let got = topic.accepted();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0]["specversion"], "1.0");
+    assert_eq!(got[0]["type"], "OrderGuard.OrderExecuted");
+    assert_eq!(got[1]["id"], message_id(&orders[1].order_id).as_str());
+}
+
+/// The service failing: a wrong key (401) and a 503 are the destination's
+/// state (deferred, counted, said); a 413 for a single event is that
+/// event's (parked for an operator); nothing is lost, and an operator's
+/// retry sends what was parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_defer_or_park_and_lose_nothing() {
+    let topic = EventGridTopic::start("topic-key-3", false).await;
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let orders = executed(&store, 3).await;
+    let round = dispatcher(&store, &topic, "not-the-key")
+        .round()
+        .await
+        .unwrap();
+    assert_eq!((round.claimed, round.sent, round.failed), (3, 0, 3));
+    let waiting = store
+        .announcements(&Listing::Undispatched, 10)
+        .await
+        .unwrap();
+    assert!(waiting.iter().all(|a| a.attempts == 1 && !a.parked));
+    let why = waiting[0].last_error.as_deref().unwrap();
+    assert!(why.contains("refused the credential (401)"), "{why}");
+
+    store.retry_announcements(None).await.unwrap();
+    topic.answer_next(&[503]);
+    let d = dispatcher(&store, &topic, topic.key());
+    let round = d.round().await.unwrap();
+    assert_eq!((round.sent, round.failed), (0, 3));
+    let a = &store
+        .announcements(&Listing::Undispatched, 1)
+        .await
+        .unwrap()[0];
+    assert_eq!((a.attempts, a.parked), (2, false));
+
+    // One event alone refused as too large: parked, the others go on.
+    let late = executed(&store, 1).await;
+    store.retry_announcements(None).await.unwrap();
+    let d = Dispatcher::new(
+        Arc::clone(&store),
+        Destination::Topic(
+            TopicDestination::new(TopicSettings {
+                endpoint: topic.endpoint(),
+                auth: TopicAuth::Key(Secret::new(topic.key())),
+                schema: Schema::EventGrid,
+            })
+            .unwrap(),
+        ),
+        DispatchSettings {
+            batch: 1,
+            ..DispatchSettings::default()
+        },
+    );
+    topic.answer_next(&[413]);
+    let round = d.round().await.unwrap();
+    assert_eq!(round.failed, 1);
+    let parked: Vec<_> = store
+        .announcements(&Listing::Undispatched, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.parked)
+        .collect();
+    assert_eq!(parked.len(), 1);
+    assert!(parked[0].last_error.as_deref().unwrap().contains("413"));
+    assert_eq!(d.drain().await.unwrap(), 3, "the rows behind it go on");
+    assert_eq!(store.outbox_counts().await.unwrap().parked, 1);
+    assert_eq!(
+        store
+            .retry_announcements(Some(&parked[0].message_id))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(d.drain().await.unwrap(), 1);
+    let mut want: Vec<String> = orders
+        .iter()
+        .chain(&late)
+        .map(|o| message_id(&o.order_id))
+        .collect();
+    want.sort();
+    let mut got: Vec<String> = topic
+        .accepted()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    got.sort();
+    assert_eq!(got, want, "each announced once, none lost");
+}
+
+/// The double itself refuses what Event Grid refuses, so a pass above
+/// means the handler met the contract (not a lenient fake).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_contract_endpoint_refuses_what_event_grid_refuses() {
+    let topic = EventGridTopic::start("k", false).await;
+    let client = reqwest::Client::new();
+    let post = |url: String, key: Option<&'static str>, ct: &'static str, body: String| {
+        let mut r = client.post(url).header("content-type", ct).body(body);
+        if let Some(k) = key {
+            r = r.header("aeg-sas-key", k);
+        }
+        async move { r.send().await.unwrap().status().as_u16() }
+    };
+    let url = format!("{}?api-version=2018-01-01", topic.endpoint());
+    let good = json!([{"id": "1", "subject": "s", "eventType": "t",
+        "eventTime": "2026-12-02T08:00:00Z", "data": {}, "dataVersion": "1.0"}])
+    .to_string();
+    assert_eq!(
+        post(url.clone(), Some("k"), "application/json", good.clone()).await,
+        200
+    );
+    assert_eq!(
+        post(
+            topic.endpoint(),
+            Some("k"),
+            "application/json",
+            good.clone()
+        )
+        .await,
+        400
+    );
+    assert_eq!(
+        post(url.clone(), None, "application/json", good.clone()).await,
+        401
+    );
+    assert_eq!(
+        post(url.clone(), Some("x"), "application/json", good.clone()).await,
+        401
+    );
+    assert_eq!(
+        post(url.clone(), Some("k"), "text/plain", good.clone()).await,
+        400
+    );
+    let no_type = json!([{"id": "1", "subject": "s", "eventTime": "2026-12-02T08:00:00Z",
+        "data": {}, "dataVersion": "1.0"}])
+    .to_string();
+    assert_eq!(
+        post(url.clone(), Some("k"), "application/json", no_type).await,
+        400
+    );
+    let big = format!(
+        "[{{\"id\": \"1\", \"subject\": \"s\", \"eventType\": \"t\", \"eventTime\": \"2026-12-02T08:00:00Z\", \"dataVersion\": \"1.0\", \"data\": \"{}\"}}]",
+        "x".repeat(common::event_grid::MAX_REQUEST_BYTES)
+    );
+    assert_eq!(post(url, Some("k"), "application/json", big).await, 413);
+    assert_eq!(topic.accepted().len(), 1);
+}
