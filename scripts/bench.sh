@@ -7,7 +7,7 @@
 # runs the load
 # generator (examples/bench/), which prints the table and writes
 # target/bench/results.json and target/bench/latency_*.png.
-# Everything it starts is stopped on exit. About three minutes with the defaults.
+# Everything it starts is stopped on exit. About five minutes with the defaults.
 #
 # Arguments are passed to the load generator, e.g.
 #   scripts/bench.sh --rounds 5 --seconds 3
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 scripts/ensure-redis.sh
 
 echo "==> cargo build --release (order-guard, examples/bench)"
-cargo build --release --bin order-guard --example bench --example store_latency
+cargo build --release --bin order-guard --example bench --example store_latency --example outbox_bench
 TARGET_DIR="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])' 2>/dev/null || echo target)"
 BIN="$TARGET_DIR/release/order-guard"
 BENCH="$TARGET_DIR/release/examples/bench"
@@ -229,6 +229,13 @@ timeout 600 "$BENCH" run \
 echo "==> the store on the wire (examples/store_latency)"
 ORDER_GUARD_TEST_MSSQL="${MSSQL_ADO:-}" ORDER_GUARD_TSQL_SERVER="${ENGINE:-}" \
   timeout 600 "$TARGET_DIR/release/examples/store_latency" 200
+
+# The outbox (issue 32): dispatch latency after the commit, throughput
+# against the queue's ceiling, the first-delivery path with dispatch on and
+# off, and a million rows in the table (examples/outbox_bench).
+echo "==> the outbox (examples/outbox_bench)"
+scripts/ensure-azurite.sh
+timeout 900 "$TARGET_DIR/release/examples/outbox_bench" "${BENCH_OUTBOX_ORDERS:-2000}"
 
 if ! kill -0 "$HANDLER_PID" 2>/dev/null; then
   echo "error: the handler died during the run; its log:" >&2

@@ -2,7 +2,9 @@
 //!
 //! One task per instance. It wakes when this instance executes an order
 //! (the processor's [`Announcer`], off the reply's path: the answer to
-//! Event Grid never waits for the queue), and every `poll` in any case, so
+//! Event Grid never waits for the queue), lingers a few milliseconds so
+//! that one claim covers the executions that follow, and wakes every
+//! `poll` in any case, so
 //! rows left by an instance that died between its commit and its send are
 //! picked up by another (and at start-up, the first round runs at once).
 //! A round claims due rows under a lease (the store's claim: one
@@ -45,6 +47,12 @@ pub struct DispatchSettings {
     pub max_attempts: i64,
     /// Sends in flight at once.
     pub in_flight: usize,
+    /// How long a woken dispatcher waits for the executions that follow
+    /// before it claims: one claim and one mark then cover them all, so
+    /// the writes the outbox adds stay a small fraction of the executions'
+    /// (measured: without it, SQLite's first deliveries ran at half the
+    /// rate, a claim and a mark per order).
+    pub linger: Duration,
 }
 
 impl Default for DispatchSettings {
@@ -57,6 +65,7 @@ impl Default for DispatchSettings {
             retention: Duration::from_secs(7 * 24 * 3600),
             max_attempts: 20,
             in_flight: 8,
+            linger: Duration::from_millis(20),
         }
     }
 }
@@ -287,7 +296,9 @@ impl Dispatcher {
                 next_purge = tokio::time::Instant::now() + PURGE_EVERY;
             }
             tokio::select! {
-                () = wake.notified() => {}
+                // Batching, not synchronisation: the orders executed in the
+                // next few milliseconds share this round.
+                () = wake.notified() => tokio::time::sleep(self.settings.linger).await,
                 () = tokio::time::sleep(self.settings.poll) => {}
             }
         }
