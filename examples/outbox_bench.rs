@@ -272,6 +272,36 @@ async fn first_deliveries(p: &Arc<Processor>, n: usize, concurrency: usize) -> a
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
+/// `n` first deliveries arriving at `rate` a second (each on its own
+/// task, as the host sends them), below the processor's capacity: each
+/// one's latency, sorted (ms).
+async fn paced(p: &Arc<Processor>, n: usize, rate: f64) -> anyhow::Result<Vec<f64>> {
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        // The arrival schedule (pacing the load, not synchronising).
+        tokio::time::sleep_until(start + interval * i as u32).await;
+        let p = Arc::clone(p);
+        tasks.push(tokio::spawn(async move {
+            let e = event();
+            let t = Instant::now();
+            let o = p.process_event(&e).await;
+            (o.outcome, t.elapsed())
+        }));
+    }
+    let mut ms = Vec::with_capacity(n);
+    for t in tasks {
+        let (outcome, took) = t.await?;
+        if outcome != OutcomeKind::Executed {
+            bail!("unexpected {outcome:?}");
+        }
+        ms.push(took.as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms)
+}
+
 /// Until nothing waits (bounded).
 async fn until_dispatched(store: &SqliteStore, bound: Duration) -> anyhow::Result<()> {
     let started = Instant::now();
@@ -408,6 +438,35 @@ async fn cost(queue: &QueueService, n: usize, rounds: usize) -> anyhow::Result<(
             per(cpu_without)
         );
     }
+    // The path itself: orders arriving at a steady rate below capacity,
+    // each one's latency with dispatch on and off (interleaved halves).
+    let rate = 500.0;
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for round in 0..4 {
+        for dispatch in if round % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        } {
+            let s = if dispatch { &on } else { &off };
+            let ms = paced(&s.processor, 500, rate).await?;
+            if dispatch {
+                with.extend(ms);
+                until_dispatched(&on.store, Duration::from_secs(60)).await?;
+            } else {
+                without.extend(ms);
+            }
+        }
+    }
+    with.sort_by(f64::total_cmp);
+    without.sort_by(f64::total_cmp);
+    let (w50, wo50) = (percentile(&with, 0.5), percentile(&without, 0.5));
+    println!(
+        "first-delivery latency at {rate:.0} orders/s, dispatch on / off (sqlite, 2000 orders each): p50 {w50:.2} / {wo50:.2} ms ({:+.1} %), p99 {:.2} / {:.2} ms",
+        100.0 * (w50 - wo50) / wo50,
+        percentile(&with, 0.99),
+        percentile(&without, 0.99)
+    );
     let sent = on.dispatcher.as_ref().map_or(0, |d| d.counts().sent);
     println!("  (the dispatcher sent {sent} announcements meanwhile)");
     Ok(())
