@@ -381,7 +381,9 @@ async fn throughput(queue: &QueueService, n: usize) -> anyhow::Result<()> {
     let mut sent_ceiling = 0;
     while sent_ceiling < n {
         let take = rows.len().min(n - sent_ceiling);
-        let answers = destination.send_all(&naming, &rows[..take], 8).await;
+        let answers = destination
+            .send_all(&naming, &rows[..take], 8, Duration::from_secs(60))
+            .await;
         if answers.iter().any(Result::is_err) {
             bail!(
                 "the ceiling's sends failed: {:?}",

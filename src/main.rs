@@ -48,8 +48,9 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Announcements of executed orders (OUTBOX_STORAGE, OUTBOX_QUEUE):
-    /// list the undispatched, send them again, or dispatch now.
+    /// Announcements of executed orders (OUTBOX_STORAGE and OUTBOX_QUEUE, or
+    /// OUTBOX_TOPIC_ENDPOINT): list the undispatched, send them again, or
+    /// dispatch now.
     Outbox {
         #[command(subcommand)]
         action: OutboxAction,
@@ -68,7 +69,7 @@ enum OutboxAction {
     /// which wait for an operator, marked), oldest first.
     List,
     /// Make parked or waiting announcements due now (one, or all): the
-    /// dispatchers of the running instances send them.
+    /// dispatchers of the running instances send them (or `outbox dispatch`).
     Retry {
         /// One announcement's message id (all when omitted).
         message_id: Option<String>,

@@ -68,8 +68,10 @@ SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM StoreIdentity)
 -- The outbox (version 2): one row per executed order, written in the
 -- transaction that executes it, dispatched after the commit, deleted after
 -- a retention (src/store/announcement.rs). Times are UTC text of one
--- format, so they compare as text. The index serves both the claim
--- (DispatchedAt IS NULL, in Seq order) and the purge (oldest DispatchedAt).
+-- format, so they compare as text. IX_Outbox_DispatchedAt serves the purge
+-- (oldest DispatchedAt); IX_Outbox_Due the claim (undispatched rows in the
+-- order they fall due: the scan stops at the first not due yet; a parked
+-- row's NextAttemptAt is the end of time); IX_Outbox_ClaimToken its read-back.
 CREATE TABLE IF NOT EXISTS Outbox (
     Seq           INTEGER PRIMARY KEY,
     MessageId     TEXT NOT NULL,
@@ -93,6 +95,8 @@ CREATE TABLE IF NOT EXISTS Outbox (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS UX_Outbox_MessageId ON Outbox (MessageId);
 CREATE INDEX IF NOT EXISTS IX_Outbox_DispatchedAt ON Outbox (DispatchedAt, Seq);
+CREATE INDEX IF NOT EXISTS IX_Outbox_Due ON Outbox (DispatchedAt, NextAttemptAt, Seq);
+CREATE INDEX IF NOT EXISTS IX_Outbox_ClaimToken ON Outbox (ClaimToken);
 
 INSERT OR IGNORE INTO SchemaVersion (Version, AppliedAt)
 VALUES (1, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));

@@ -159,8 +159,8 @@ GO
 -- PositionUnits is the position after the order, in units as in Positions.
 -- A claim leases rows (LeaseUntil, ClaimToken); a failed send counts
 -- (Attempts, LastError) and waits (NextAttemptAt), or is parked for an
--- operator. IX_Outbox_DispatchedAt serves both the claim (DispatchedAt IS
--- NULL, in Seq order) and the retention's purge (oldest DispatchedAt first).
+-- operator. IX_Outbox_DispatchedAt serves the retention's purge (oldest
+-- DispatchedAt first); the claim has its own two below.
 IF OBJECT_ID(N'dbo.Outbox', N'U') IS NULL
     CREATE TABLE dbo.Outbox (
         Seq           BIGINT IDENTITY(1, 1) NOT NULL,
@@ -196,6 +196,20 @@ GO
 IF NOT EXISTS (SELECT 1 FROM sys.indexes
                 WHERE name LIKE N'IX[_]Outbox[_]DispatchedAt%' AND object_id = OBJECT_ID(N'dbo.Outbox'))
     CREATE INDEX IX_Outbox_DispatchedAt ON dbo.Outbox (DispatchedAt, Seq);
+GO
+
+-- The claim's scan: undispatched rows in the order they fall due, so it
+-- stops at the first row not due yet (a parked row's NextAttemptAt is the
+-- end of time), however many wait after an outage.
+IF NOT EXISTS (SELECT 1 FROM sys.indexes
+                WHERE name LIKE N'IX[_]Outbox[_]Due%' AND object_id = OBJECT_ID(N'dbo.Outbox'))
+    CREATE INDEX IX_Outbox_Due ON dbo.Outbox (DispatchedAt, NextAttemptAt, Seq);
+GO
+
+-- The claim reads back the rows its token holds.
+IF NOT EXISTS (SELECT 1 FROM sys.indexes
+                WHERE name LIKE N'IX[_]Outbox[_]ClaimToken%' AND object_id = OBJECT_ID(N'dbo.Outbox'))
+    CREATE INDEX IX_Outbox_ClaimToken ON dbo.Outbox (ClaimToken);
 GO
 
 -- The application's rights (issue 33): a role of our own (Babelfish has no

@@ -1,7 +1,10 @@
 //! Where announcements go: a Storage Queue or an Event Grid topic, one per
 //! deployment, behind one enum (the two traits stay the only seams).
 
+use std::time::Duration;
+
 use futures::stream::{self, StreamExt};
+use tokio::time::Instant;
 
 use super::envelope::{cloud_event, event_grid_event, Naming};
 use super::queue::{QueueDestination, QueueSettings};
@@ -46,12 +49,24 @@ impl Destination {
 
     /// Send `rows`, one answer each in their order: to a queue a message
     /// each, `in_flight` at a time; to a topic in as few requests as fit.
+    /// Nothing is started after `within`, and nothing runs past it: those
+    /// rows answer that the round ran out of time (the claim's lease must
+    /// not end while its rows are still being sent).
     pub async fn send_all(
         &self,
         naming: &Naming,
         rows: &[Announcement],
         in_flight: usize,
+        within: Duration,
     ) -> Vec<Result<(), SendFailure>> {
+        let deadline = Instant::now() + within;
+        let late = || SendFailure {
+            message: format!(
+                "not sent: the round's sends ran past {} ms (half the lease)",
+                within.as_millis()
+            ),
+            refused: false,
+        };
         match self {
             Destination::Queue(q) => {
                 // Each send owns its text: no future borrows a row.
@@ -59,11 +74,12 @@ impl Destination {
                     .iter()
                     .map(|row| cloud_event(naming, row).to_string())
                     .collect();
-                stream::iter(
-                    texts
-                        .into_iter()
-                        .map(|text| async move { q.send(&text).await }),
-                )
+                stream::iter(texts.into_iter().map(|text| async move {
+                    match tokio::time::timeout_at(deadline, q.send(&text)).await {
+                        Ok(sent) => sent,
+                        Err(_) => Err(late()),
+                    }
+                }))
                 .buffered(in_flight.max(1))
                 .collect()
                 .await
@@ -76,7 +92,10 @@ impl Destination {
                         Schema::CloudEvents => cloud_event(naming, row).to_string(),
                     })
                     .collect();
-                t.send_all(&events).await
+                match tokio::time::timeout_at(deadline, t.send_all(&events)).await {
+                    Ok(answers) => answers,
+                    Err(_) => events.iter().map(|_| Err(late())).collect(),
+                }
             }
         }
     }

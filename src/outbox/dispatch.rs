@@ -10,9 +10,13 @@
 //! A round claims due rows under a lease (the store's claim: one
 //! dispatcher per row at a time, across instances), sends them a few at a
 //! time, marks the sent ones in one call and defers each failed one with
-//! back-off ([`retry_in`]); a row the destination refuses for good, or that
-//! failed [`DispatchSettings::max_attempts`] times, is parked for an
-//! operator (`order-guard outbox retry`), and the rows behind it go on.
+//! back-off ([`retry_in`]); a row the destination refuses for good (too
+//! large) is parked for an operator (`order-guard outbox retry`), and the
+//! rows behind it go on. A failure that is the destination's state (down,
+//! slow, a missing queue or right, a 5xx) never parks: the rows wait, their
+//! back-off capped at 5 min, and go when it is fixed. A round ends its sends
+//! by half its lease: rows it did not get to are deferred, not sent late
+//! under a lease another dispatcher may hold by then.
 //! A dispatcher killed between a send and its mark leaves the row leased:
 //! when the lease ends it is sent again, with the same id and payload;
 //! consumers deduplicate on the id.
@@ -43,8 +47,6 @@ pub struct DispatchSettings {
     pub poll: Duration,
     /// How long dispatched rows are kept (`OUTBOX_RETENTION_HOURS`).
     pub retention: Duration,
-    /// Failed sends before a row is parked for an operator.
-    pub max_attempts: i64,
     /// Sends in flight at once.
     pub in_flight: usize,
     /// How long a woken dispatcher waits for the executions that follow
@@ -63,7 +65,6 @@ impl Default for DispatchSettings {
             lease: Duration::from_secs(30),
             poll: Duration::from_secs(5),
             retention: Duration::from_secs(7 * 24 * 3600),
-            max_attempts: 20,
             in_flight: 8,
             linger: Duration::from_millis(20),
         }
@@ -83,18 +84,13 @@ pub fn retry_in(attempts: i64) -> Duration {
 }
 
 /// What to do with a row whose send failed, its `attempts` counting this
-/// failure.
-pub fn deferral(
-    row: &Announcement,
-    failure: &SendFailure,
-    attempts: i64,
-    max_attempts: i64,
-) -> Deferral {
+/// failure: parked only when the destination refused the message itself.
+pub fn deferral(row: &Announcement, failure: &SendFailure, attempts: i64) -> Deferral {
     Deferral {
         message_id: row.message_id.clone(),
         error: failure.message.clone(),
         retry_in: retry_in(attempts),
-        park: failure.refused || attempts >= max_attempts,
+        park: failure.refused,
     }
 }
 
@@ -188,7 +184,7 @@ impl Dispatcher {
         }
         let answers = self
             .destination
-            .send_all(&s.naming, &claim.rows, s.in_flight)
+            .send_all(&s.naming, &claim.rows, s.in_flight, s.lease / 2)
             .await;
         let results: Vec<(Announcement, Result<(), SendFailure>)> =
             claim.rows.into_iter().zip(answers).collect();
@@ -215,31 +211,38 @@ impl Dispatcher {
                 .sent
                 .fetch_add(sent.len() as u64, Ordering::Relaxed);
         }
-        for (row, failure) in failed {
-            let d = deferral(&row, &failure, row.attempts + 1, s.max_attempts);
+        // One line a round, not a line a row: an outage of the destination
+        // fails every row of every round alike.
+        let mut parked = 0;
+        for (row, failure) in &failed {
+            let d = deferral(row, failure, row.attempts + 1);
             if d.park {
-                self.counters.parked.fetch_add(1, Ordering::Relaxed);
+                parked += 1;
                 log::error!(
-                    "announcement {} of order {} parked after {} failed sends: {}; `order-guard outbox retry {}` sends it again once the cause is fixed",
+                    "announcement {} of order {} parked: {}; `order-guard outbox retry {}` sends it again once the cause is fixed",
                     row.message_id,
                     crate::event::Quoted(&row.order_id),
-                    row.attempts + 1,
                     d.error,
                     row.message_id
                 );
-            } else {
-                log::warn!(
-                    "announcement {} of order {}: send failed ({}); next try in {} s",
-                    row.message_id,
-                    crate::event::Quoted(&row.order_id),
-                    d.error,
-                    d.retry_in.as_secs()
-                );
             }
-            self.counters.failed.fetch_add(1, Ordering::Relaxed);
             self.store.defer_announcement(&claim.token, &d).await?;
-            round.failed += 1;
         }
+        if let Some((row, failure)) = failed.first() {
+            log::warn!(
+                "outbox: {} of {} announcements not sent this round ({} parked): {}; the others are tried again from {} s on",
+                failed.len(),
+                round.claimed,
+                parked,
+                failure.message,
+                retry_in(row.attempts + 1).as_secs()
+            );
+        }
+        round.failed = failed.len();
+        self.counters
+            .failed
+            .fetch_add(failed.len() as u64, Ordering::Relaxed);
+        self.counters.parked.fetch_add(parked, Ordering::Relaxed);
         Ok(round)
     }
 
@@ -318,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn a_row_is_parked_when_refused_for_good_or_out_of_attempts() {
+    fn a_row_is_parked_only_when_refused_for_good() {
         let row = crate::store::Announcement {
             message_id: "m".into(),
             seq: 1,
@@ -344,11 +347,11 @@ mod tests {
             message: "413".into(),
             refused: true,
         };
-        assert!(!deferral(&row, &down, 1, 20).park);
-        assert!(!deferral(&row, &down, 19, 20).park);
-        assert!(deferral(&row, &down, 20, 20).park);
-        assert!(deferral(&row, &too_large, 1, 20).park);
-        let d = deferral(&row, &down, 3, 20);
+        // The destination's state never parks, however long it lasts.
+        assert!(!deferral(&row, &down, 1).park);
+        assert!(!deferral(&row, &down, 1_000).park);
+        assert!(deferral(&row, &too_large, 1).park);
+        let d = deferral(&row, &down, 3);
         assert_eq!((d.message_id.as_str(), d.error.as_str()), ("m", "503"));
         assert_eq!(d.retry_in, Duration::from_secs(4));
     }

@@ -34,9 +34,13 @@ pub fn event_type(naming: &Naming, a: &Announcement) -> String {
     format!("{}.{}", naming.type_prefix, a.kind)
 }
 
-/// The facts a consumer acts on.
+/// The facts a consumer acts on. `sequence` is the row's place in this
+/// store's outbox: one position's orders execute one at a time (its row is
+/// locked), so within an account and symbol it grows with execution order,
+/// the order key a consumer needs (arrival order is not one).
 pub fn data(a: &Announcement) -> Value {
     json!({
+        "sequence": a.seq,
         "orderId": a.order_id,
         "accountId": a.account_id,
         "side": a.side,
@@ -115,6 +119,7 @@ mod tests {
                 "time": "2026-12-02T08:00:00.123Z",
                 "datacontenttype": "application/json",
                 "data": {
+                    "sequence": 7,
                     "orderId": "ORD-1", "accountId": "ACC-9", "side": "sell", "symbol": "MSFT",
                     "quantity": "10.5", "positionAfter": "-0.0000000001",
                     "executedAt": "2026-12-02T08:00:00.123Z", "fingerprint": "v2:abc"
@@ -125,7 +130,6 @@ mod tests {
         let mut later = row();
         later.attempts = 9;
         later.last_error = None;
-        later.seq = 8;
         assert_eq!(
             cloud_event(&Naming::default(), &later).to_string(),
             e.to_string()

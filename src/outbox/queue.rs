@@ -11,8 +11,7 @@
 //!
 //! One message per announcement (the queue has no batch send), a few in
 //! flight at once. Storage Queues promise no order: a consumer orders an
-//! account's executions by `positionAfter` or `executedAt`, never by
-//! arrival.
+//! account's executions by `data.sequence`, never by arrival.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -162,12 +161,14 @@ impl QueueDestination {
     }
 }
 
-/// Whether a status says this message can never be accepted (too large,
-/// malformed): the row is parked. Rights, a missing queue, throttling
-/// and server errors are the destination's state, not the message's:
+/// Whether a status says this message can never be accepted (too large:
+/// 413 RequestBodyTooLarge): the row is parked. Everything else is the
+/// destination's state or the request's, not the message's (a 400 also
+/// answers an unsupported version or a malformed SAS, which would park
+/// every row at once; rights, a missing queue, throttling, server errors):
 /// those are retried.
 pub fn refused_for_good(status: Option<u16>) -> bool {
-    matches!(status, Some(400 | 413))
+    status == Some(413)
 }
 
 /// A service SAS for `queue` with `permissions` (the dispatcher asks for
@@ -214,11 +215,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_malformed_or_oversized_message_is_refused_for_good() {
-        for code in [400, 413] {
-            assert!(refused_for_good(Some(code)), "{code}");
-        }
-        for code in [401, 403, 404, 408, 429, 500, 503] {
+    fn only_an_oversized_message_is_refused_for_good() {
+        assert!(refused_for_good(Some(413)));
+        for code in [400, 401, 403, 404, 408, 429, 500, 503] {
             assert!(!refused_for_good(Some(code)), "{code}");
         }
         assert!(

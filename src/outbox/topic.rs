@@ -101,20 +101,37 @@ impl TopicDestination {
 
     /// Publish `events` (each a JSON event of the topic's schema) in as
     /// few requests as fit; one answer per event.
+    /// A request of several events refused as malformed or too large is
+    /// sent again one event a request, so only the event at fault is
+    /// refused (and parked) and the others go.
     pub async fn send_all(&self, events: &[String]) -> Vec<Result<(), SendFailure>> {
         let mut answers = Vec::with_capacity(events.len());
         for range in chunks(events, MAX_REQUEST_BYTES) {
             let batch = &events[range];
-            let answer = self.post(batch).await;
-            answers.extend(batch.iter().map(|_| answer.clone()));
+            match self.post(batch).await {
+                Err(f) if f.per_event && batch.len() > 1 => {
+                    for e in batch {
+                        let alone = self.post(std::slice::from_ref(e)).await;
+                        answers.push(alone.map_err(|f| f.failure));
+                    }
+                }
+                answer => {
+                    let answer = answer.map_err(|f| f.failure);
+                    answers.extend(batch.iter().map(|_| answer.clone()));
+                }
+            }
         }
         answers
     }
 
-    async fn post(&self, batch: &[String]) -> Result<(), SendFailure> {
+    async fn post(&self, batch: &[String]) -> Result<(), Refusal> {
+        let plain = |failure: SendFailure| Refusal {
+            failure,
+            per_event: false,
+        };
         #[cfg(feature = "failpoints")]
         if let Some(injected) = super::destination::injected_send_fault().await {
-            return injected;
+            return injected.map_err(plain);
         }
         let body = format!("[{}]", batch.join(","));
         let mut request = self
@@ -132,17 +149,19 @@ impl TopicDestination {
                 let token = chain
                     .get_token(&[EVENT_GRID_SCOPE], None)
                     .await
-                    .map_err(|e| SendFailure {
+                    .map_err(|e| plain(SendFailure {
                         message: format!("no Entra ID token for Event Grid ({e}); on Azure give the app's identity the EventGrid Data Sender role on the topic; locally run `az login`"),
                         refused: false,
-                    })?;
+                    }))?;
                 request.bearer_auth(token.token.secret())
             }
             (TopicAuth::EntraId, None) => unreachable!("made with the credential"),
         };
-        let response = request.send().await.map_err(|e| SendFailure {
-            message: format!("the topic could not be reached: {e}"),
-            refused: false,
+        let response = request.send().await.map_err(|e| {
+            plain(SendFailure {
+                message: format!("the topic could not be reached: {e}"),
+                refused: false,
+            })
         })?;
         let status = response.status().as_u16();
         if response.status().is_success() {
@@ -150,17 +169,29 @@ impl TopicDestination {
         }
         let text = response.text().await.unwrap_or_default();
         let detail = crate::event::escaped(text.get(..300).unwrap_or(&text));
-        Err(SendFailure {
-            message: match status {
-                401 | 403 => format!("the topic refused the credential ({status}): check OUTBOX_TOPIC_KEY, or the app's EventGrid Data Sender role; {detail}"),
-                404 => format!("no topic at OUTBOX_TOPIC_ENDPOINT (404): {detail}"),
-                _ => format!("the topic answered {status}: {detail}"),
+        // The topic judged the events (malformed, too large), not the
+        // request: one event alone so refused is refused for good; a batch
+        // so refused says nothing of each (`send_all` sends them singly).
+        let per_event = matches!(status, 400 | 413);
+        Err(Refusal {
+            per_event,
+            failure: SendFailure {
+                message: match status {
+                    401 | 403 => format!("the topic refused the credential ({status}): check OUTBOX_TOPIC_KEY, or the app's EventGrid Data Sender role; {detail}"),
+                    404 => format!("no topic at OUTBOX_TOPIC_ENDPOINT (404): {detail}"),
+                    _ => format!("the topic answered {status}: {detail}"),
+                },
+                refused: batch.len() == 1 && per_event,
             },
-            // One event the topic refuses (malformed, too large) is refused
-            // for good; a batch refused whole says nothing of each event.
-            refused: batch.len() == 1 && matches!(status, 400 | 413),
         })
     }
+}
+
+/// A failed request, and whether the topic judged its events (400, 413)
+/// rather than the request (a key, the service).
+struct Refusal {
+    failure: SendFailure,
+    per_event: bool,
 }
 
 /// The ranges of `events` that each fit in one request of at most `limit`

@@ -32,11 +32,11 @@ pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> Announce
         messages: texts.len(),
         ..AnnouncementAudit::default()
     };
-    let executed: HashMap<String, &String> = tables
+    let executed: HashMap<String, (&String, &super::audit::OrderRow)> = tables
         .orders
         .iter()
         .filter(|(_, row)| row.0 == "Executed")
-        .map(|(id, _)| (order_guard::store::message_id(id), id))
+        .map(|(id, row)| (order_guard::store::message_id(id), (id, row)))
         .collect();
     let mut copies: BTreeMap<String, Vec<&String>> = BTreeMap::new();
     for t in texts {
@@ -62,18 +62,28 @@ pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> Announce
                 "announcement {id} of no executed order: {:.300}",
                 texts[0]
             )),
-            Some(order_id) => {
+            Some((order_id, row)) => {
+                // The facts are the row's: order, account, symbol, side.
                 let e: Value = serde_json::from_str(texts[0]).unwrap_or_default();
-                if e["data"]["orderId"].as_str() != Some(order_id.as_str()) {
-                    a.findings.push(format!(
-                        "announcement {id} names order {} instead of {order_id}",
-                        e["data"]["orderId"]
-                    ));
+                let d = &e["data"];
+                let facts = [
+                    ("orderId", order_id.as_str()),
+                    ("accountId", row.1.as_str()),
+                    ("symbol", row.2.as_str()),
+                    ("side", row.3.as_str()),
+                ];
+                for (field, want) in facts {
+                    if d[field].as_str() != Some(want) {
+                        a.findings.push(format!(
+                            "announcement {id}: {field} {} where the row says {want:?}",
+                            d[field]
+                        ));
+                    }
                 }
             }
         }
     }
-    for (id, order_id) in &executed {
+    for (id, (order_id, _)) in &executed {
         if !copies.contains_key(id) {
             a.findings.push(format!(
                 "order {order_id} executed and never announced ({id})"
@@ -81,6 +91,54 @@ pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> Announce
         }
     }
     a
+}
+
+/// With the handlers still running and the faults over: how long their
+/// own dispatchers take to send everything but what the destination
+/// refused for good (parked, left for the operator), polled through
+/// `outbox list` (bounded by `bound`). Leases of killed dispatchers run
+/// out meanwhile: nothing is forced.
+pub(crate) async fn wait_self_dispatched(
+    binary: &Path,
+    env: &[(String, String)],
+    app_root: &Path,
+    bound: Duration,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let mut cmd = tokio::process::Command::new(binary);
+        cmd.args(["outbox", "list"])
+            .kill_on_drop(true)
+            .current_dir(app_root)
+            .env_remove("FAILPOINTS")
+            .env("RUST_LOG", "warn");
+        for (k, v) in env.iter().filter(|(k, _)| k != "FAILPOINTS") {
+            cmd.env(k, v);
+        }
+        let out = cmd
+            .output()
+            .await
+            .expect("cannot run order-guard outbox list");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let field = |name: &str| -> Option<u64> {
+            text.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                .and_then(|v| v.parse().ok())
+        };
+        if let (Some(waiting), Some(parked)) = (field("undispatched"), field("parked")) {
+            if waiting == parked {
+                return started.elapsed();
+            }
+        }
+        assert!(
+            started.elapsed() < bound,
+            "the serving dispatchers left announcements waiting {} s after the faults ended:\n{text}{}",
+            bound.as_secs(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Polling the table; the dispatchers' own pace is what is measured.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The operator's runbook once the faults are over: `outbox retry` (what

@@ -397,6 +397,10 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
     }
     chaos.await.expect("chaos schedule");
     let elapsed = started.elapsed();
+    // The faults are over (the fault points stay armed: they are part of
+    // the handlers): the serving dispatchers send what waits by themselves.
+    let self_dispatched =
+        wait_self_dispatched(&binary, &sweep_env, dir.path(), Duration::from_secs(90)).await;
 
     // Stop the handlers, replay the dead letters as an operator (or the
     // timer function) would, then read the database.
@@ -443,7 +447,8 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
         );
     }
 
-    // The faults are over: what the dispatchers left is the operator's.
+    // The handlers are stopped: what was parked (a 413), and what the
+    // sweep executed since, is the operator's.
     let (dispatch_after, dispatched_after) =
         dispatch_until_done(&binary, &sweep_env, dir.path(), Duration::from_secs(90)).await;
     let tables = db.tables().await;
@@ -504,7 +509,7 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
          executed_once={} lost={} double={} mismatched={} positions_wrong={} \
          orphan_reservations={} undelivered={} short_budgets={short} dead_lettered={dead_lettered} sweeps={} replayed={replayed} replay_executed={} replay_duplicates={} timeouts={} start_failures={} \
          orphan_waits={} orphan_wait_median={:.1}s orphan_wait_max={:.1}s guard_unavailable_answers={} \
-         queue_outages={} announced={} messages={} extra_copies={} dispatched_after_faults={} all_dispatched_after={:.1}s elapsed={:.1}s{}",
+         queue_outages={} announced={} messages={} extra_copies={} self_dispatched_after={:.1}s dispatched_after_faults={} all_dispatched_after={:.1}s elapsed={:.1}s{}",
         t.attempts.load(Ordering::Relaxed),
         stats.kills.load(Ordering::Relaxed),
         stats.crashes.load(Ordering::Relaxed),
@@ -538,6 +543,7 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
         announced.distinct,
         announced.messages,
         announced.extra_copies,
+        self_dispatched.as_secs_f64(),
         dispatched_after,
         dispatch_after.as_secs_f64(),
         elapsed.as_secs_f64(),

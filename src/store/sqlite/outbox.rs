@@ -87,14 +87,14 @@ pub(super) fn claim(
     conn.prepare_cached(&format!(
         "UPDATE Outbox SET LeaseUntil = {}, ClaimToken = ?1
           WHERE Seq IN (SELECT Seq FROM Outbox
-                         WHERE DispatchedAt IS NULL AND Parked = 0
-                           AND NextAttemptAt <= {NOW} AND LeaseUntil <= {NOW}
-                         ORDER BY Seq LIMIT ?3)",
+                         WHERE DispatchedAt IS NULL AND NextAttemptAt <= {NOW}
+                           AND Parked = 0 AND LeaseUntil <= {NOW}
+                         ORDER BY NextAttemptAt, Seq LIMIT ?3)",
         now_plus(2)
     ))?
     .execute(params![token, modifier(lease, '+'), limit])?;
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM Outbox WHERE DispatchedAt IS NULL AND ClaimToken = ?1 ORDER BY Seq"
+        "SELECT {COLUMNS} FROM Outbox WHERE ClaimToken = ?1 AND DispatchedAt IS NULL ORDER BY Seq"
     ))?;
     let rows = stmt.query_map([token], row)?;
     rows.collect()
@@ -114,7 +114,8 @@ pub(super) fn mark(conn: &Connection, ids: &[String]) -> Result<u64, rusqlite::E
 
 pub(super) fn defer(conn: &Connection, token: &str, d: &Deferral) -> Result<(), rusqlite::Error> {
     conn.prepare_cached(&format!(
-        "UPDATE Outbox SET Attempts = Attempts + 1, LastError = ?3, NextAttemptAt = {},
+        "UPDATE Outbox SET Attempts = Attempts + 1, LastError = ?3,
+                NextAttemptAt = CASE WHEN ?5 = 1 THEN '9999-12-31T00:00:00.000Z' ELSE {} END,
                 LeaseUntil = {NOW}, Parked = ?5
           WHERE MessageId = ?1 AND ClaimToken = ?2 AND DispatchedAt IS NULL",
         now_plus(4)
@@ -153,13 +154,14 @@ pub(super) fn list(
 ) -> Result<Vec<Announcement>, rusqlite::Error> {
     let (filter, id) = match listing {
         Listing::Undispatched => ("DispatchedAt IS NULL", None),
-        Listing::Order(id) => ("OrderId = ?2", Some(id.as_str())),
+        // By the message id's unique index, not a scan of the kept rows.
+        Listing::Order(id) => ("MessageId = ?2", Some(message_id(id))),
     };
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM Outbox WHERE {filter} ORDER BY Seq LIMIT ?1"
     ))?;
     let rows = match id {
-        Some(id) => stmt.query_map(params![limit, id], row)?.collect(),
+        Some(id) => stmt.query_map(params![limit, id.as_str()], row)?.collect(),
         None => stmt.query_map(params![limit], row)?.collect(),
     };
     rows
@@ -185,7 +187,7 @@ pub(super) fn counts(conn: &Connection) -> Result<OutboxCounts, rusqlite::Error>
 pub(super) fn retry(conn: &Connection, id: Option<&str>) -> Result<u64, rusqlite::Error> {
     let changed = conn
         .prepare_cached(&format!(
-            "UPDATE Outbox SET Parked = 0, NextAttemptAt = {NOW}, LeaseUntil = {NOW}
+            "UPDATE Outbox SET Parked = 0, NextAttemptAt = {NOW}
               WHERE DispatchedAt IS NULL AND (?1 IS NULL OR MessageId = ?1)"
         ))?
         .execute([id])?;

@@ -153,8 +153,12 @@ pub(super) async fn list(
                 .await?
         }
         Listing::Order(id) => {
+            let message_id = crate::store::message_id(id);
             client
-                .query(sql::SELECT_ANNOUNCEMENT_OF_ORDER, &[&limit, &id.as_str()])
+                .query(
+                    sql::SELECT_ANNOUNCEMENT_OF_ORDER,
+                    &[&limit, &message_id.as_str()],
+                )
                 .await?
                 .into_first_result()
                 .await?

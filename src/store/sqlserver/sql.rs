@@ -365,7 +365,7 @@ END;
 DECLARE @Result NVARCHAR(16) = NULL, @Status NVARCHAR(16) = NULL, @Fingerprint NVARCHAR(128) = NULL;
 DECLARE @Current DECIMAL(38, 0) = NULL, @Change DECIMAL(38, 0) = CONVERT(DECIMAL(38, 0), @P11);
 DECLARE @Max DECIMAL(38, 0) = 99999999999999999999999999999999999999, @Over BIT = 0;
-DECLARE @Now DATETIME2(3) = SYSUTCDATETIME(), @After DECIMAL(38, 0) = NULL;
+DECLARE @Now DATETIME2(3) = NULL, @After DECIMAL(38, 0) = NULL;
 SELECT @Status = Status, @Fingerprint = Fingerprint FROM dbo.Orders WHERE OrderId = @P1;
 IF @Status IS NOT NULL AND @Fingerprint <> @P2 AND @Fingerprint <> @P12
 BEGIN
@@ -439,6 +439,9 @@ BEGIN
             END
             ELSE
             BEGIN
+                -- Taken here, with the position row locked: two orders of
+                -- one position get their ExecutedAt in execution order.
+                SET @Now = SYSUTCDATETIME();
                 SET @After = @Current + @Change;
                 UPDATE dbo.Positions SET Units = @After, UpdatedAt = SYSUTCDATETIME()
                  WHERE AccountId = @P4 AND Symbol = @P6;
@@ -547,23 +550,27 @@ macro_rules! outbox_columns {
 }
 
 /// The dispatcher's claim, one round trip: up to P3 announcements due
-/// (undispatched, not parked, past their retry time, no live lease), oldest
-/// first, leased for P2 ms under the token P1, then the rows this token
-/// holds. The outer `WHERE` is checked again on each row as it is locked,
-/// so of two dispatchers claiming at once each row goes to one (were both
-/// to send it, the copies carry one message id: at least once holds).
+/// (undispatched, not parked, past their retry time, no live lease), in
+/// the order they fall due (`IX_Outbox_Due`: the scan stops at the first
+/// row not due yet, however large a backlog waits behind it; a parked row
+/// is never due), leased for P2 ms under the token P1, then the rows this
+/// token holds (`IX_Outbox_ClaimToken`). The outer `WHERE` is checked again
+/// on each row as it is locked, so of two dispatchers claiming at once each
+/// row goes to one (were both to send it, the copies carry one message id:
+/// at least once holds).
 pub const CLAIM_ANNOUNCEMENTS: &str = concat!(
     "SET NOCOUNT ON; ",
     "DECLARE @Now DATETIME2(3) = SYSUTCDATETIME(); ",
     "UPDATE o SET LeaseUntil = DATEADD(MILLISECOND, @P2, @Now), ClaimToken = @P1 ",
     "FROM dbo.Outbox AS o ",
     "JOIN (SELECT TOP (@P3) Seq FROM dbo.Outbox ",
-    "WHERE DispatchedAt IS NULL AND Parked = 0 AND NextAttemptAt <= @Now AND LeaseUntil <= @Now ",
-    "ORDER BY Seq) AS b ON b.Seq = o.Seq ",
-    "WHERE o.DispatchedAt IS NULL AND o.Parked = 0 AND o.LeaseUntil <= @Now; ",
+    "WHERE DispatchedAt IS NULL AND NextAttemptAt <= @Now AND Parked = 0 AND LeaseUntil <= @Now ",
+    "ORDER BY NextAttemptAt, Seq) AS b ON b.Seq = o.Seq ",
+    "WHERE o.DispatchedAt IS NULL AND o.NextAttemptAt <= @Now AND o.Parked = 0 ",
+    "AND o.LeaseUntil <= @Now; ",
     "SELECT ",
     outbox_columns!(),
-    " FROM dbo.Outbox WHERE DispatchedAt IS NULL AND ClaimToken = @P1 ORDER BY Seq"
+    " FROM dbo.Outbox WHERE ClaimToken = @P1 AND DispatchedAt IS NULL ORDER BY Seq"
 );
 
 /// Most announcements one mark names (one parameter each).
@@ -586,9 +593,12 @@ pub fn mark_announced(n: usize) -> String {
 }
 
 /// A failed send: P1 message id, P2 the claim's token, P3 why, P4 ms until
-/// it is due again, P5 1 to park it for an operator.
+/// it is due again, P5 1 to park it for an operator (then never due:
+/// `NextAttemptAt` at the end of time, so no claim's scan meets it).
 pub const DEFER_ANNOUNCEMENT: &str = "UPDATE dbo.Outbox SET Attempts = Attempts + 1, \
-     LastError = LEFT(@P3, 1024), NextAttemptAt = DATEADD(MILLISECOND, @P4, SYSUTCDATETIME()), \
+     LastError = LEFT(@P3, 1024), \
+     NextAttemptAt = CASE WHEN @P5 = 1 THEN CONVERT(DATETIME2(3), '9999-12-31T00:00:00') \
+     ELSE DATEADD(MILLISECOND, @P4, SYSUTCDATETIME()) END, \
      LeaseUntil = SYSUTCDATETIME(), Parked = @P5 \
      WHERE MessageId = @P1 AND ClaimToken = @P2 AND DispatchedAt IS NULL";
 
@@ -620,11 +630,12 @@ pub const SELECT_UNDISPATCHED: &str = concat!(
     " FROM dbo.Outbox WHERE DispatchedAt IS NULL ORDER BY Seq"
 );
 
-/// The announcement of one order (P2), at most P1 rows.
+/// The announcement of one order, by its message id (P2, the unique
+/// index; `store::message_id` of the order), at most P1 rows.
 pub const SELECT_ANNOUNCEMENT_OF_ORDER: &str = concat!(
     "SELECT TOP (@P1) ",
     outbox_columns!(),
-    " FROM dbo.Outbox WHERE OrderId = @P2 ORDER BY Seq"
+    " FROM dbo.Outbox WHERE MessageId = @P2 ORDER BY Seq"
 );
 
 /// Undispatched, of which parked, and dispatched announcements.
@@ -634,11 +645,11 @@ pub const OUTBOX_COUNTS: &str = "SELECT \
      CONVERT(BIGINT, ISNULL(SUM(CASE WHEN DispatchedAt IS NOT NULL THEN 1 ELSE 0 END), 0)) AS Dispatched \
      FROM dbo.Outbox";
 
-/// `outbox retry`: undispatched announcements made due now and unparked;
-/// P1 one message id, or empty for all. Answers how many.
+/// `outbox retry`: undispatched announcements made due now and unparked
+/// (a live lease is left alone: its dispatcher is sending); P1 one message
+/// id, or empty for all. Answers how many.
 pub const RETRY_ANNOUNCEMENTS: &str = "SET NOCOUNT ON; \
-     UPDATE dbo.Outbox SET Parked = 0, NextAttemptAt = SYSUTCDATETIME(), \
-     LeaseUntil = SYSUTCDATETIME() \
+     UPDATE dbo.Outbox SET Parked = 0, NextAttemptAt = SYSUTCDATETIME() \
      WHERE DispatchedAt IS NULL AND (@P1 = N'' OR MessageId = @P1); \
      SELECT @@ROWCOUNT AS Retried";
 
