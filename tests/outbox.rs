@@ -346,3 +346,50 @@ async fn serve_announces_what_it_executes_and_nothing_else() {
     // No duplicate arrived meanwhile.
     assert!(azurite.drain_queue("executions", false).await.is_empty());
 }
+
+/// On plans that scale to zero the `DeadLetterSweep` timer starts an
+/// instance when no event does: its tick also sends what the outbox holds
+/// (here with the sweep itself off), and says how many.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timer_tick_sends_what_the_outbox_holds() {
+    let azurite = Azurite::start_queue();
+    azurite.create_queue("order-executed").await;
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let account = unique_id("acct");
+    let orders: Vec<Order> = (0..2)
+        .map(|_| order(&unique_id("ord"), &account, "buy", "1"))
+        .collect();
+    execute_all(&store, &orders).await;
+    let processor = Arc::new(order_guard::processor::Processor::new(
+        Arc::new(order_guard::guard::MemoryGuard::new(
+            order_guard::guard::GuardSettings::default(),
+        )),
+        Arc::clone(&store),
+        order_guard::processor::ProcessorSettings::default(),
+    ));
+    let tick = order_guard::deadletter::function::SweepFunction::new(processor, None).with_outbox(
+        Some(Arc::new(dispatcher(
+            &store,
+            queue_settings(&azurite, "order-executed"),
+        ))),
+    );
+    let timer = json!({"Data": {"timer": {"Schedule": {"AdjustForDST": true}, "IsPastDue": false}},
+                       "Metadata": {"sys": {"MethodName": "DeadLetterSweep"}}});
+    let (status, answer) = tick.invoke(&serde_json::to_vec(&timer).unwrap()).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["ReturnValue"]["sweep"], "off");
+    assert_eq!(answer["ReturnValue"]["outbox"]["sent"], 2, "{answer}");
+    assert!(answer["Logs"][1]
+        .as_str()
+        .unwrap()
+        .contains("outbox: 2 announcements sent"));
+    let got = by_id(&azurite.drain_queue("order-executed", true).await);
+    assert_eq!(got.len(), 2);
+    // A body that is not a timer's is refused before anything is sent.
+    let orders2 = vec![order(&unique_id("ord"), &account, "buy", "1")];
+    execute_all(&store, &orders2).await;
+    let (status, _) = tick.invoke(b"[]").await;
+    assert_eq!(status, 400);
+    assert_eq!(store.outbox_counts().await.unwrap().undispatched, 1);
+}

@@ -180,7 +180,9 @@ pub async fn build_processor_with(
     telemetry: Option<&Telemetry>,
 ) -> anyhow::Result<Arc<Processor>> {
     // The background migration, if any, goes on detached.
-    Ok(build_processor_as(config, telemetry, Start::Serve).await?.0)
+    Ok(build_processor_as(config, telemetry, Start::Serve)
+        .await?
+        .processor)
 }
 
 /// [`build_processor_with`] for a command (`replay`, `dead-letters
@@ -194,18 +196,27 @@ pub async fn build_command_processor(
 ) -> anyhow::Result<Arc<Processor>> {
     Ok(build_processor_as(config, telemetry, Start::Command)
         .await?
-        .0)
+        .processor)
 }
 
 /// A background migration that ends only when it gives up: with the
 /// failure no retry can fix (`serve` then stops, saying it).
 type GiveUp = tokio::task::JoinHandle<crate::store::StoreError>;
 
+/// What `build_processor_as` makes: the processor, the background
+/// migration (if the first failed), and the outbox's dispatcher (`serve`
+/// with a destination).
+struct Built {
+    processor: Arc<Processor>,
+    background: Option<GiveUp>,
+    dispatcher: Option<Arc<crate::outbox::Dispatcher>>,
+}
+
 async fn build_processor_as(
     config: &Config,
     telemetry: Option<&Telemetry>,
     start: Start,
-) -> anyhow::Result<(Arc<Processor>, Option<GiveUp>)> {
+) -> anyhow::Result<Built> {
     let guard = build_checked_guard(config).await?;
     let store = build_store(config).await?;
     let mut background = None;
@@ -250,7 +261,11 @@ async fn build_processor_as(
     if let Some(t) = telemetry {
         t.observe(Arc::clone(&processor) as Arc<dyn crate::telemetry::LoadSource>);
     }
-    Ok((processor, background))
+    Ok(Built {
+        processor,
+        background,
+        dispatcher,
+    })
 }
 
 /// Whether a store failure at start stops it: a missing right always (no
@@ -347,8 +362,11 @@ where
 /// `serve`: listen on 127.0.0.1:$FUNCTIONS_CUSTOMHANDLER_PORT until SIGTERM/SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let telemetry = start_telemetry(&config)?;
-    let (processor, background) =
-        build_processor_as(&config, telemetry.as_ref(), Start::Serve).await?;
+    let Built {
+        processor,
+        background,
+        dispatcher,
+    } = build_processor_as(&config, telemetry.as_ref(), Start::Serve).await?;
     // A background migration that gives up (a right missing, found after
     // the first try) stops the handler like a signal, then fails the start.
     let gave_up = Arc::new(std::sync::OnceLock::<String>::new());
@@ -377,10 +395,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         Some(_) => Some(dead_letter_container(&config)?),
         None => None,
     };
-    let sweep = Arc::new(crate::deadletter::function::SweepFunction::new(
-        Arc::clone(&processor),
-        container,
-    ));
+    let sweep = Arc::new(
+        crate::deadletter::function::SweepFunction::new(Arc::clone(&processor), container)
+            .with_outbox(dispatcher),
+    );
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, config.port));
     let (bound, server) = crate::host::bind_with(
         processor,

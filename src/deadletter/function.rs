@@ -9,8 +9,13 @@
 //! 200 with the summary, also when some blobs stay for the next sweep (a
 //! timer is never retried by the host; the next tick is the retry); 500
 //! when the container could not even be listed, so the invocation shows as
-//! failed in the host's logs. Without `DEAD_LETTER_STORAGE` the function is
+//! failed in the host's logs. Without `DEAD_LETTER_STORAGE` the sweep is
 //! off and says so (200).
+//!
+//! With an outbox destination the same tick then sends what the outbox
+//! holds (`ReturnValue.outbox`): on plans that scale to zero, the timer is
+//! what starts an instance when no event does, so announcements left by a
+//! dead instance, a command or an operator's retry go within its schedule.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +24,7 @@ use serde_json::{json, Value};
 
 use super::blobs::Container;
 use super::sweep::{sweep, Silent, SweepOptions};
+use crate::outbox::Dispatcher;
 use crate::processor::Processor;
 
 /// The function's folder name and request path.
@@ -28,6 +34,9 @@ pub const BINDING_NAME: &str = "timer";
 /// How long one sweep may run: under host.json's `functionTimeout` (5 min),
 /// with a minute for the event in flight and the answer.
 pub const SWEEP_DEADLINE: Duration = Duration::from_secs(240);
+/// How long one tick may spend sending the outbox (after the sweep, inside
+/// the same `functionTimeout`).
+pub const OUTBOX_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The sweep as a function of this handler.
 pub struct SweepFunction {
@@ -37,6 +46,8 @@ pub struct SweepFunction {
     /// One sweep at a time in this process (another process may sweep at
     /// once: that is safe, this only saves the duplicate work).
     running: tokio::sync::Mutex<()>,
+    /// The outbox's dispatcher, drained at each tick (`None`: no destination).
+    outbox: Option<Arc<Dispatcher>>,
 }
 
 impl SweepFunction {
@@ -47,11 +58,53 @@ impl SweepFunction {
             container,
             deadline: SWEEP_DEADLINE,
             running: tokio::sync::Mutex::new(()),
+            outbox: None,
         }
     }
 
-    /// Answer one invocation: (HTTP status, InvokeResponse body).
+    /// Also send what the outbox holds at each tick (issue 32): on plans
+    /// that scale to zero the timer starts an instance when no event does.
+    pub fn with_outbox(mut self, outbox: Option<Arc<Dispatcher>>) -> SweepFunction {
+        self.outbox = outbox;
+        self
+    }
+
+    /// Answer one invocation: (HTTP status, InvokeResponse body): the
+    /// sweep's, then, with an outbox, what it sent (bounded like the sweep).
     pub async fn invoke(&self, body: &[u8]) -> (u16, Value) {
+        let (status, mut answer) = self.sweep_invocation(body).await;
+        let Some(outbox) = &self.outbox else {
+            return (status, answer);
+        };
+        if status == 400 {
+            return (status, answer);
+        }
+        let (line, figure) = match tokio::time::timeout(OUTBOX_DEADLINE, outbox.drain()).await {
+            Ok(Ok(sent)) => (
+                format!("{FUNCTION_NAME}: outbox: {sent} announcements sent"),
+                json!({"sent": sent}),
+            ),
+            Ok(Err(e)) => (
+                format!("{FUNCTION_NAME}: outbox: not drained ({e}); the serving instances go on trying"),
+                json!({"error": e.to_string()}),
+            ),
+            Err(_) => (
+                format!(
+                    "{FUNCTION_NAME}: outbox: still sending after {} s; the rest goes at the next tick",
+                    OUTBOX_DEADLINE.as_secs()
+                ),
+                json!({"timedOut": true}),
+            ),
+        };
+        log::info!("{line}");
+        if let Some(logs) = answer["Logs"].as_array_mut() {
+            logs.push(Value::String(line));
+        }
+        answer["ReturnValue"]["outbox"] = figure;
+        (status, answer)
+    }
+
+    async fn sweep_invocation(&self, body: &[u8]) -> (u16, Value) {
         let answer = |status: u16, log: String, ret: Value| {
             (
                 status,
