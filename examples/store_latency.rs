@@ -53,6 +53,7 @@ async fn sql_store(cs: &str, pool: u32) -> anyhow::Result<Arc<SqlServerStore>> {
             pool_size: pool,
             migrate_timeout: order_guard::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT,
             migrate_batch_rows: order_guard::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS,
+            idle_timeout: order_guard::store::sqlserver::DEFAULT_IDLE_TIMEOUT,
         },
     )?;
     store.migrate().await?;

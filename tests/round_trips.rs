@@ -37,6 +37,7 @@ async fn every_delivery_costs_the_sql_server_store_one_round_trip() {
     // warmed): the turns from here on are the calls'.
     let store = common::mssql_store(&through, Duration::from_secs(20)).await;
     store.identity().await.unwrap();
+    common::mssql_pool_at_rest(&store).await;
     let cost = |before: u64| proxy.turns() - before;
 
     let account = unique_id("acct");

@@ -264,6 +264,14 @@ impl Config {
                     1,
                     1_000_000,
                 )? as u32,
+                // At most 235 s: under the 4 minutes after which Azure's
+                // load balancers and gateway drop an idle connection silently.
+                idle_timeout: Duration::from_secs(num(
+                    "SQL_IDLE_TIMEOUT_SECONDS",
+                    crate::store::sqlserver::DEFAULT_IDLE_TIMEOUT.as_secs(),
+                    5,
+                    235,
+                )?),
             },
             sqlite_busy_timeout: Duration::from_millis(num(
                 "SQLITE_BUSY_TIMEOUT_MS",

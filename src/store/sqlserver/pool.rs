@@ -2,8 +2,8 @@
 //!
 //! Why our own manager (small, on bb8's `ManageConnection`) rather than
 //! `bb8-tiberius`: the login needs a current Entra ID token per
-//! connection, a caller's wait must be bounded by SQL_CONNECT_TIMEOUT_SECONDS
-//! while logins are paced (below),
+//! connection, a caller's wait must be bounded by its call's budget while
+//! logins are paced (below), every socket needs TCP keep-alive,
 //! and a connection interrupted mid-request (query timeout, dropped socket)
 //! must never go back into the pool. Azure SQL's redirect
 //! (`Error::Routing { host, port }`, the default policy inside Azure) is
@@ -16,14 +16,16 @@
 //! and no transaction open); a busy one is not, which saves a round trip per
 //! statement. Recovery after a server restart: idle connections fail their
 //! check and are replaced; a busy one fails its next statement, which is
-//! retried once on another connection and otherwise answered `retry`.
+//! sent again on another connection and otherwise answered `retry`. A
+//! suspicion of a dead network path (`silence.rs`) is settled here, on
+//! checkout. [`MIN_IDLE`] connections are reopened in the background.
 //! Nothing needs a handler restart.
 //!
 //! Logins are the costliest thing a client asks of the server (TCP, TLS,
 //! authentication, session setup), so they are paced: at most
 //! [`LOGINS_AT_ONCE`] per pool, and a login once started is allowed
 //! [`login_budget`] (longer than the caller waits): a caller stops waiting at
-//! SQL_CONNECT_TIMEOUT_SECONDS and its event answers `retry`, but the login
+//! its call's budget and its event answers `retry`, but the login
 //! goes on in bb8's background task and its connection joins the pool for the
 //! next caller. Without both, an overloaded server (or one just restarted)
 //! gets a login per waiting caller, each abandoned at the timeout and started
@@ -39,6 +41,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
+use super::silence::{self, Checkout, Silences};
 use super::sql;
 use crate::entra::TokenSource;
 
@@ -67,8 +70,32 @@ pub struct SqlConnection {
 /// server restart or an idle-timeout on the network path may have cut it).
 pub const CHECK_AFTER_IDLE: Duration = Duration::from_secs(5);
 
+/// How long that check may take: `SELECT @@TRANCOUNT` answers in
+/// milliseconds on a live session, so no answer within this says the path
+/// is dead (a silent drop) or the server saturated, and a new connection is
+/// the better bet either way.
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// TCP keep-alive on every SQL socket: the first probe after this long
+/// without traffic, then every [`KEEPALIVE_INTERVAL`], the connection
+/// reset by the kernel after [`KEEPALIVE_RETRIES`] unanswered: a peer that
+/// vanished without a FIN or RST (a silent drop behind a load balancer) is
+/// found in about 30 s instead of never, and the probes keep a NAT or load
+/// balancer's idle timer (Azure's: 4 minutes) from expiring.
+pub const KEEPALIVE_TIME: Duration = Duration::from_secs(15);
+/// See [`KEEPALIVE_TIME`].
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// See [`KEEPALIVE_TIME`].
+pub const KEEPALIVE_RETRIES: u32 = 3;
+
 /// Logins in flight per pool, at most.
 pub const LOGINS_AT_ONCE: usize = 2;
+
+/// Idle connections the pool keeps open, reopening them in the background
+/// (bb8's `min_idle`): as many as may log in at once, so a pool emptied by
+/// an outage starts refilling the moment the server takes logins again,
+/// without a login storm.
+pub const MIN_IDLE: u32 = LOGINS_AT_ONCE as u32;
 
 /// How long one login may run once it has its turn: the connect timeout,
 /// but never less than 30 s, so a slow login under load completes (and
@@ -97,6 +124,8 @@ pub enum ConnectError {
     Token(String),
     /// Connecting took longer than the connect timeout.
     Timeout(Duration),
+    /// A pooled connection's check got no answer within [`CHECK_TIMEOUT`].
+    Silent(Duration),
 }
 
 impl fmt::Display for ConnectError {
@@ -107,6 +136,11 @@ impl fmt::Display for ConnectError {
             ConnectError::Timeout(t) => write!(
                 f,
                 "connecting took longer than {} ms (the login budget: SQL_CONNECT_TIMEOUT_SECONDS, at least 30 s)",
+                t.as_millis()
+            ),
+            ConnectError::Silent(t) => write!(
+                f,
+                "a pooled connection did not answer its check within {} ms",
                 t.as_millis()
             ),
         }
@@ -163,6 +197,7 @@ pub struct SqlConnectionManager {
     /// Turns to log in ([`LOGINS_AT_ONCE`]).
     turns: tokio::sync::Semaphore,
     logins: Arc<Logins>,
+    silences: Arc<Silences>,
 }
 
 impl SqlConnectionManager {
@@ -180,7 +215,14 @@ impl SqlConnectionManager {
             last_error: Arc::new(Mutex::new(None)),
             turns: tokio::sync::Semaphore::new(LOGINS_AT_ONCE),
             logins: Arc::new(Logins::default()),
+            silences: Arc::new(Silences::default()),
         }
+    }
+
+    /// The silences seen, shared with the store (the manager itself moves
+    /// into the pool).
+    pub fn silences(&self) -> Arc<Silences> {
+        Arc::clone(&self.silences)
     }
 
     /// The logins in flight, for the store's load (the manager itself moves
@@ -281,6 +323,12 @@ pub async fn open_following_redirect(
 async fn open_once(config: tiberius::Config) -> Result<Client, tiberius::error::Error> {
     let tcp = TcpStream::connect(config.get_addr()).await?;
     tcp.set_nodelay(true)?;
+    // tokio sets keep-alive on or off only; socket2 sets its timings.
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_TIME)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive)?;
     tiberius::Client::connect(config, tcp.compat_write()).await
 }
 
@@ -327,9 +375,24 @@ impl bb8::ManageConnection for SqlConnectionManager {
                 "connection marked broken".into(),
             )));
         }
-        if conn.last_used.elapsed() < CHECK_AFTER_IDLE {
-            return Ok(());
+        // A suspicion of a dead path (`silence`) decides first: a
+        // connection idle since before it is discarded, or checked now.
+        let decision = silence::on_checkout(conn.last_used, self.silences.latest());
+        match decision {
+            Checkout::Discard => {
+                return Err(ConnectError::Sql(tiberius::error::Error::Protocol(
+                    "idle on a network path since found dead".into(),
+                )))
+            }
+            Checkout::Use if conn.last_used.elapsed() < CHECK_AFTER_IDLE => return Ok(()),
+            Checkout::Use | Checkout::Settle => {}
         }
+        let last_used = conn.last_used;
+        let settle = |answered: bool| {
+            if decision == Checkout::Settle {
+                self.silences.settle(last_used, answered);
+            }
+        };
         conn.broken = true;
         let check = async {
             let row = conn
@@ -340,17 +403,31 @@ impl bb8::ManageConnection for SqlConnectionManager {
                 .await?;
             Ok::<_, tiberius::error::Error>(row.and_then(|r| r.get::<i32, _>(0)))
         };
-        match tokio::time::timeout(self.connect_timeout, check).await {
+        match tokio::time::timeout(CHECK_TIMEOUT, check).await {
             Ok(Ok(Some(0))) => {
+                settle(true);
                 conn.broken = false;
                 conn.last_used = Instant::now();
                 Ok(())
             }
-            Ok(Ok(open)) => Err(ConnectError::Sql(tiberius::error::Error::Protocol(
-                format!("pooled connection has a transaction open (@@TRANCOUNT {open:?})").into(),
-            ))),
+            Ok(Ok(open)) => {
+                settle(true);
+                Err(ConnectError::Sql(tiberius::error::Error::Protocol(
+                    format!("pooled connection has a transaction open (@@TRANCOUNT {open:?})")
+                        .into(),
+                )))
+            }
+            // An error is an answer of sorts (a cut, a killed session): not
+            // a silence, and no verdict on the path.
             Ok(Err(e)) => Err(ConnectError::Sql(e)),
-            Err(_) => Err(ConnectError::Timeout(self.connect_timeout)),
+            Err(_) => {
+                if decision == Checkout::Settle {
+                    settle(false);
+                } else if conn.served {
+                    self.silences.dead_now();
+                }
+                Err(ConnectError::Silent(CHECK_TIMEOUT))
+            }
         }
     }
 

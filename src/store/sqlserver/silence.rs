@@ -1,0 +1,211 @@
+//! Silent connections: what a request that got no answer in time says
+//! about the connections idle beside it.
+//!
+//! A timeout on a connection that has served is either a slow statement (a
+//! lock wait, a busy server) or a dead network path (a load balancer or NAT
+//! that dropped the flow without a RST or FIN: nothing ever comes back). The
+//! two call for opposite answers: a dead path takes every connection that
+//! was idle on it, so those must be discarded rather than each waited on
+//! for another timeout, and the call sent again on a new connection; a slow
+//! statement says nothing about the others, and sending it again only adds
+//! load. So a timeout raises a *suspicion* ([`Silences::suspect`]), and the
+//! next checkout settles it on a connection idle since before it, with a
+//! check bounded by `pool::CHECK_TIMEOUT` ([`on_checkout`]): answered, the
+//! path is alive (the call answers `retry`, as a slow statement should);
+//! not answered, it is dead from then on (every older connection is
+//! discarded unchecked, and the call is sent again). With no older
+//! connection left to check, the call is sent again on the new one.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Where the latest suspicion stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not settled yet: no connection idle since before it was checked.
+    Open,
+    /// A connection idle since before it answered its check.
+    Alive,
+    /// One did not: connections idle since before it are on a dead path.
+    Dead,
+}
+
+/// The latest suspicion: which (`id`, counting from 1), raised when
+/// (`since`), and its verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Suspicion {
+    pub id: u64,
+    pub since: Instant,
+    pub verdict: Verdict,
+}
+
+/// What to do with a pooled connection on checkout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checkout {
+    /// Hand it out (the usual checks apply).
+    Use,
+    /// Check it now, whatever its idle time: it settles a suspicion.
+    Settle,
+    /// Discard it unchecked: it sat on a path found dead.
+    Discard,
+}
+
+/// The decision on checkout for a connection last used at `last_used`,
+/// given the latest suspicion: only a connection idle since before it is
+/// concerned (one used since answered after it).
+pub fn on_checkout(last_used: Instant, latest: Option<Suspicion>) -> Checkout {
+    match latest {
+        Some(s) if last_used <= s.since => match s.verdict {
+            Verdict::Open => Checkout::Settle,
+            Verdict::Dead => Checkout::Discard,
+            Verdict::Alive => Checkout::Use,
+        },
+        _ => Checkout::Use,
+    }
+}
+
+/// Whether a call whose served connection timed out, raising suspicion
+/// `id`, sends its request again: not when its path was found alive (a
+/// slow statement); yes when found dead, when not settled (no older
+/// connection was left: the new one is the better bet), or when a newer
+/// suspicion replaced it.
+pub fn send_again_after(id: u64, latest: Option<Suspicion>) -> bool {
+    match latest {
+        Some(s) if s.id == id => s.verdict != Verdict::Alive,
+        _ => true,
+    }
+}
+
+/// The latest suspicion, shared by the pool's manager (which settles it on
+/// checkout) and the store (which raises it and reads its verdict).
+#[derive(Debug, Default)]
+pub struct Silences {
+    latest: Mutex<Option<Suspicion>>,
+}
+
+impl Silences {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Suspicion>> {
+        self.latest.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A served connection got no answer in time, now: raise a suspicion
+    /// on every connection idle since before now. Its id.
+    pub fn suspect(&self) -> u64 {
+        let mut latest = self.lock();
+        let id = latest.map_or(1, |s| s.id + 1);
+        *latest = Some(Suspicion {
+            id,
+            since: Instant::now(),
+            verdict: Verdict::Open,
+        });
+        id
+    }
+
+    /// A connection's check got no answer in time, now: whatever was
+    /// suspected, connections idle since before now are on a dead path.
+    pub fn dead_now(&self) {
+        let mut latest = self.lock();
+        let id = latest.map_or(1, |s| s.id + 1);
+        *latest = Some(Suspicion {
+            id,
+            since: Instant::now(),
+            verdict: Verdict::Dead,
+        });
+    }
+
+    /// The check of a connection last used at `last_used` (decided by
+    /// [`on_checkout`] as [`Checkout::Settle`]) answered or not: the
+    /// verdict of the suspicion it was checked for, if still the latest.
+    pub fn settle(&self, last_used: Instant, answered: bool) {
+        let mut latest = self.lock();
+        if let Some(s) = latest.as_mut() {
+            if s.verdict == Verdict::Open && last_used <= s.since {
+                s.verdict = if answered {
+                    Verdict::Alive
+                } else {
+                    Verdict::Dead
+                };
+            }
+        }
+    }
+
+    /// The latest suspicion.
+    pub fn latest(&self) -> Option<Suspicion> {
+        *self.lock()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn at(since: Instant, id: u64, verdict: Verdict) -> Option<Suspicion> {
+        Some(Suspicion { id, since, verdict })
+    }
+
+    #[test]
+    fn only_connections_idle_since_before_a_suspicion_are_concerned() {
+        let t = Instant::now();
+        let before = t - Duration::from_secs(1);
+        let after = t + Duration::from_secs(1);
+        assert_eq!(on_checkout(before, None), Checkout::Use);
+        assert_eq!(
+            on_checkout(before, at(t, 1, Verdict::Open)),
+            Checkout::Settle
+        );
+        assert_eq!(on_checkout(t, at(t, 1, Verdict::Open)), Checkout::Settle);
+        assert_eq!(
+            on_checkout(before, at(t, 1, Verdict::Dead)),
+            Checkout::Discard
+        );
+        assert_eq!(on_checkout(before, at(t, 1, Verdict::Alive)), Checkout::Use);
+        for verdict in [Verdict::Open, Verdict::Dead, Verdict::Alive] {
+            assert_eq!(on_checkout(after, at(t, 1, verdict)), Checkout::Use);
+        }
+    }
+
+    #[test]
+    fn a_call_is_sent_again_unless_its_path_answered() {
+        let t = Instant::now();
+        assert!(
+            !send_again_after(3, at(t, 3, Verdict::Alive)),
+            "a slow statement"
+        );
+        assert!(send_again_after(3, at(t, 3, Verdict::Dead)), "a dead path");
+        assert!(
+            send_again_after(3, at(t, 3, Verdict::Open)),
+            "nothing older left"
+        );
+        assert!(send_again_after(3, at(t, 4, Verdict::Alive)), "replaced");
+        assert!(send_again_after(3, None));
+    }
+
+    #[test]
+    fn a_check_settles_the_suspicion_it_was_made_for_once() {
+        let silences = Silences::default();
+        let idle = Instant::now();
+        let id = silences.suspect();
+        assert_eq!(
+            silences.latest().map(|s| (s.id, s.verdict)),
+            Some((id, Verdict::Open))
+        );
+        silences.settle(idle, false);
+        assert_eq!(silences.latest().map(|s| s.verdict), Some(Verdict::Dead));
+        // A later answer does not revive a path found dead.
+        silences.settle(idle, true);
+        assert_eq!(silences.latest().map(|s| s.verdict), Some(Verdict::Dead));
+        let next = silences.suspect();
+        assert_eq!(next, id + 1);
+        // A connection used after the suspicion settles nothing.
+        silences.settle(Instant::now() + Duration::from_secs(1), true);
+        assert_eq!(silences.latest().map(|s| s.verdict), Some(Verdict::Open));
+        silences.settle(idle, true);
+        assert_eq!(silences.latest().map(|s| s.verdict), Some(Verdict::Alive));
+        silences.dead_now();
+        assert_eq!(
+            silences.latest().map(|s| (s.id, s.verdict)),
+            Some((next + 1, Verdict::Dead))
+        );
+    }
+}

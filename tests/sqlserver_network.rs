@@ -1,0 +1,93 @@
+//! Issue 31: the SQL Server store on a network that fails as Azure's does.
+//! A proxy of the tests' own (`common::proxy`) stands between the store and
+//! the server and drops every connection silently: no RST, no FIN, the
+//! bytes just go nowhere, as a load balancer that lost its state does. The
+//! store must find it by its own timeout, on one connection only, and go on
+//! on new ones.
+//!
+//! Runs when `ORDER_GUARD_TEST_MSSQL` names a server (`scripts/test.sh`
+//! starts the T-SQL engine and sets it); says so and runs nothing otherwise.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::proxy::{server_of, via, TurnProxy};
+use common::unique_id;
+use order_guard::order::Order;
+use order_guard::store::{Execution, OrderStore};
+use serde_json::json;
+
+fn order(account: &str) -> Order {
+    Order::from_data(&json!({
+        "orderId": unique_id("ord"), "accountId": account, "side": "buy",
+        "symbol": "MSFT", "quantity": "1"
+    }))
+    .unwrap()
+}
+
+/// After a silent drop of every connection in the pool, no call waits on a
+/// dead connection longer than one query timeout: the first call meets one
+/// (its request unanswered, or its check on checkout), and sends again on a
+/// new connection within its budget; the connections idle beside it are
+/// taken for dead without being waited on, so every later call is served
+/// by a new connection within one query timeout. Every call succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_silent_drop_no_call_waits_longer_than_a_query_timeout_and_every_call_succeeds() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let server = server_of(&cs).expect("a Server=host,port in ORDER_GUARD_TEST_MSSQL");
+    let proxy = TurnProxy::start(server, Duration::ZERO).await;
+    let query_timeout = Duration::from_secs(4);
+    let settings = common::mssql_settings(query_timeout);
+    let store = common::mssql_store(&via(&cs, proxy.port), query_timeout).await;
+    let account = unique_id("acct");
+    // Several connections, each of which has served.
+    let warm = futures::future::join_all((0..4).map(|_| {
+        let (store, o) = (store.clone(), order(&account));
+        async move { store.execute(&o, "e", "{}").await }
+    }))
+    .await;
+    assert!(
+        warm.iter().all(|r| r == &Ok(Execution::Executed)),
+        "{warm:?}"
+    );
+    common::mssql_pool_at_rest(&store).await;
+    let before = store.load().pool.expect("a pool");
+
+    proxy.silence();
+
+    let mut waits = Vec::new();
+    for call in 0..6 {
+        let started = Instant::now();
+        let result = store.execute(&order(&account), "e", "{}").await;
+        let waited = started.elapsed();
+        waits.push(waited);
+        assert_eq!(
+            result,
+            Ok(Execution::Executed),
+            "call {call} after the drop"
+        );
+        // The first call's budget: one query timeout on the dead
+        // connection, the rest to connect and send again.
+        let bound = if call == 0 {
+            settings.query_timeout + settings.connect_timeout
+        } else {
+            settings.query_timeout
+        };
+        assert!(
+            waited < bound,
+            "call {call} after the drop waited {waited:?} (bound {bound:?}; all: {waits:?})"
+        );
+    }
+    println!(
+        "silent drop of {} pooled connections, query timeout {} ms: calls answered in {:?}",
+        before.open,
+        query_timeout.as_millis(),
+        waits
+            .iter()
+            .map(|w| format!("{} ms", w.as_millis()))
+            .collect::<Vec<_>>()
+    );
+}
