@@ -3,19 +3,23 @@
 //! the server and drops every connection silently: no RST, no FIN, the
 //! bytes just go nowhere, as a load balancer that lost its state does. The
 //! store must find it by its own timeout, on one connection only, and go on
-//! on new ones.
+//! on new ones. Or it closes them all and refuses new ones for a while (an
+//! outage): the pool must refill itself once the server is back, and serve
+//! a call that waited through it.
 //!
 //! Runs when `ORDER_GUARD_TEST_MSSQL` names a server (`scripts/test.sh`
 //! starts the T-SQL engine and sets it); says so and runs nothing otherwise.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::proxy::{server_of, via, TurnProxy};
 use common::unique_id;
 use order_guard::order::Order;
-use order_guard::store::{Execution, OrderStore};
+use order_guard::store::sqlserver::{pool::MIN_IDLE, retry::call_budget, SqlServerSettings};
+use order_guard::store::{Execution, OrderStore, SqlServerStore};
 use serde_json::json;
 
 fn order(account: &str) -> Order {
@@ -90,4 +94,66 @@ async fn after_a_silent_drop_no_call_waits_longer_than_a_query_timeout_and_every
             .map(|w| format!("{} ms", w.as_millis()))
             .collect::<Vec<_>>()
     );
+}
+
+/// An outage closes every connection and refuses new ones for twice the
+/// connect timeout, so the connects started for a call made during it fail
+/// and the pool has to ask again by itself. Once the server is back the
+/// pool reopens connections in the background, the first login that
+/// succeeds serves the waiting call (within its budget), and the pool is
+/// back to its reserve of idle connections with no other call made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_a_waiting_call_is_served_by_the_first_login_that_succeeds() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let server = server_of(&cs).expect("a Server=host,port in ORDER_GUARD_TEST_MSSQL");
+    let proxy = TurnProxy::start(server, Duration::ZERO).await;
+    let app = via(&common::mssql_app_connection_string(&cs).await, proxy.port);
+    let settings = SqlServerSettings {
+        connect_timeout: Duration::from_secs(2),
+        ..common::mssql_settings(Duration::from_secs(8))
+    };
+    let store = Arc::new(SqlServerStore::connect(&app, &settings).unwrap());
+    store.migrate().await.unwrap();
+    let account = unique_id("acct");
+    let warm = futures::future::join_all((0..3).map(|_| {
+        let (store, o) = (store.clone(), order(&account));
+        async move { store.execute(&o, "e", "{}").await }
+    }))
+    .await;
+    assert!(
+        warm.iter().all(|r| r == &Ok(Execution::Executed)),
+        "{warm:?}"
+    );
+    common::mssql_pool_at_rest(&store).await;
+
+    proxy.outage();
+    let started = Instant::now();
+    let call = tokio::spawn({
+        let (store, o) = (store.clone(), order(&account));
+        async move { store.execute(&o, "e", "{}").await }
+    });
+    // How long the outage lasts: the scenario, not a synchronisation.
+    tokio::time::sleep(settings.connect_timeout * 2).await;
+    if call.is_finished() {
+        panic!("the call did not wait through the outage: {:?}", call.await);
+    }
+    let back = Instant::now();
+    proxy.restore();
+    let result = call.await.unwrap();
+    let (waited, after_back) = (started.elapsed(), back.elapsed());
+    assert_eq!(result, Ok(Execution::Executed));
+    let budget = call_budget(settings.connect_timeout, settings.query_timeout);
+    assert!(waited < budget, "waited {waited:?}, budget {budget:?}");
+    println!(
+        "outage of {} ms: the waiting call answered {} ms after the server came back ({} ms in all)",
+        (back - started).as_millis(),
+        after_back.as_millis(),
+        waited.as_millis()
+    );
+    // No other call: the reserve was reopened in the background.
+    common::mssql_pool_at_rest(&store).await;
+    let pool = store.load().pool.expect("a pool");
+    assert!(pool.idle > u64::from(MIN_IDLE), "{pool:?}");
 }

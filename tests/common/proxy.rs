@@ -4,7 +4,8 @@
 //! included) and can hold every chunk for a one-way delay, to stand for the
 //! network between a Function and its Azure SQL database. It can also drop
 //! its connections silently ([`TurnProxy::silence`]): what a load balancer
-//! that lost its state does, no RST and no FIN, the bytes just go nowhere.
+//! that lost its state does, no RST and no FIN, the bytes just go nowhere;
+//! or close them all and refuse new ones for a while ([`TurnProxy::outage`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -55,6 +56,13 @@ pub struct TurnProxy {
     /// the proxy without silencing it.)
     #[allow(dead_code)]
     generation: tokio::sync::watch::Sender<u64>,
+    /// Bumped by [`TurnProxy::outage`]: connections of an older
+    /// generation are closed.
+    #[allow(dead_code)]
+    cuts: tokio::sync::watch::Sender<u64>,
+    /// While set, new connections are closed as soon as accepted.
+    #[allow(dead_code)]
+    refusing: Arc<AtomicBool>,
 }
 
 impl TurnProxy {
@@ -67,8 +75,15 @@ impl TurnProxy {
         let counted = Arc::clone(&turns);
         let (generation, _) = tokio::sync::watch::channel(0u64);
         let silenced = generation.subscribe();
+        let (cuts, _) = tokio::sync::watch::channel(0u64);
+        let cut = cuts.subscribe();
+        let refusing = Arc::new(AtomicBool::new(false));
+        let refused = Arc::clone(&refusing);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if refused.load(Ordering::SeqCst) {
+                    continue; // closed at once
+                }
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
@@ -76,13 +91,15 @@ impl TurnProxy {
                 let _ = server.set_nodelay(true);
                 let mut silenced = silenced.clone();
                 silenced.mark_unchanged();
-                tokio::spawn(relay(
-                    client,
-                    server,
-                    Arc::clone(&counted),
-                    one_way,
-                    silenced,
-                ));
+                let mut cut = cut.clone();
+                cut.mark_unchanged();
+                let relayed = relay(client, server, Arc::clone(&counted), one_way, silenced);
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = relayed => {}
+                        _ = cut.changed() => {} // both sockets dropped: closed
+                    }
+                });
             }
         });
         TurnProxy {
@@ -90,7 +107,24 @@ impl TurnProxy {
             turns,
             task,
             generation,
+            cuts,
+            refusing,
         }
+    }
+
+    /// A network outage as the client sees it: every connection open now
+    /// is closed, and new ones are closed as soon as accepted until
+    /// [`TurnProxy::restore`].
+    #[allow(dead_code)]
+    pub fn outage(&self) {
+        self.refusing.store(true, Ordering::SeqCst);
+        self.cuts.send_modify(|g| *g += 1);
+    }
+
+    /// The end of an [`TurnProxy::outage`]: new connections are forwarded.
+    #[allow(dead_code)]
+    pub fn restore(&self) {
+        self.refusing.store(false, Ordering::SeqCst);
     }
 
     /// Drop every connection open now silently: from here on nothing is

@@ -112,11 +112,11 @@ pub struct SqlServerStore {
 /// Run `$body` (an expression using `$client: &mut Client`) on a pooled
 /// connection, each attempt within `$timeout`, the whole call by one
 /// deadline ([`call_budget`]: the wait for a connection, every attempt and
-/// every re-send draw from it). A connection that had served and then broke
-/// (its transport cut, its session killed or shut down) went stale in the
-/// pool: a server restart takes every idle one at once, so the call moves
-/// on to the next, up to the pool's size. One that had served and then
-/// gave no answer in time raises a suspicion of a dead network path
+/// every re-send draw from it). A connection that had served (or sat in
+/// the pool since before the call) and then broke (its transport cut, its
+/// session killed or shut down) went stale in the pool: a server restart
+/// takes every idle one at once, so the call moves on to the next, up to
+/// the pool's size. One such that gave no answer in time raises a suspicion of a dead network path
 /// ([`silence`]), which the next checkout settles: the call is sent again
 /// on another connection unless the path answered (a slow statement), once
 /// per call and only for a call bounded by the query timeout (a migration
@@ -132,6 +132,7 @@ macro_rules! with_client {
     ($self:ident, $what:expr, $timeout:expr, |$client:ident| $body:expr) => {{
         let what: &str = $what;
         let timeout: Duration = $timeout;
+        let called = std::time::Instant::now();
         let deadline = tokio::time::Instant::now() + call_budget($self.connect_timeout, timeout);
         let mut stale = 0u32;
         let mut fresh_lost = false;
@@ -157,7 +158,9 @@ macro_rules! with_client {
                 let $client: &mut Client = &mut conn.client;
                 tokio::time::timeout(timeout.min(left), $body).await
             };
-            let served = conn.served;
+            // Stale-eligible: it served, or sat in the pool since before
+            // this call (one opened for it says the server is not there).
+            let served = conn.served || conn.opened < called;
             let time_left = tokio::time::Instant::now() < deadline;
             match result {
                 Err(_) if served => {

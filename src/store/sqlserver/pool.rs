@@ -64,6 +64,10 @@ pub struct SqlConnection {
     /// serving went stale in the pool (a server restart cuts them all at
     /// once), one lost before serving says the server is not there.
     pub served: bool,
+    /// When it was opened: one opened before a call started sat in the
+    /// pool (the background keeps [`MIN_IDLE`] there), so losing it says as
+    /// little about the server now as losing one that served.
+    pub opened: Instant,
 }
 
 /// A pooled connection unused for this long is checked on checkout (a
@@ -352,6 +356,7 @@ impl bb8::ManageConnection for SqlConnectionManager {
                         broken: false,
                         last_used: Instant::now(),
                         served: false,
+                        opened: Instant::now(),
                     })
                 }
                 Err(e) => {
@@ -423,7 +428,7 @@ impl bb8::ManageConnection for SqlConnectionManager {
             Err(_) => {
                 if decision == Checkout::Settle {
                     settle(false);
-                } else if conn.served {
+                } else {
                     self.silences.dead_now();
                 }
                 Err(ConnectError::Silent(CHECK_TIMEOUT))
