@@ -101,6 +101,10 @@ pub struct SqlServerStore {
     logins: Arc<Logins>,
     /// Suspicions of a dead network path (shared with the manager).
     silences: Arc<Silences>,
+    /// The store's identity once read (with the schema's state at
+    /// `migrate`, or by [`OrderStore::identity`]): it names the database
+    /// the pool connects to, which does not change under a running store.
+    identity: std::sync::OnceLock<String>,
     connect_timeout: Duration,
     query_timeout: Duration,
     /// SQL_POOL_SIZE: how many stale pooled connections a call may skip.
@@ -270,6 +274,7 @@ impl SqlServerStore {
             last_connect_error,
             logins,
             silences,
+            identity: std::sync::OnceLock::new(),
             connect_timeout: settings.connect_timeout,
             query_timeout: settings.query_timeout,
             pool_size: settings.pool_size.max(1),
@@ -314,7 +319,12 @@ impl SqlServerStore {
                     String::new()
                 }
             ),
-            Ok(migrate::Migrated::Current) => {}
+            Ok(migrate::Migrated::Current { identity }) => {
+                if let Some(identity) = identity {
+                    // Read with the schema's state: no round trip later.
+                    let _ = self.identity.set(identity);
+                }
+            }
             Ok(migrate::Migrated::Refused { diagnosis, failure }) => {
                 return Err(migrate::verdict(&diagnosis, &failure))
             }
@@ -523,9 +533,15 @@ async fn identity_on(client: &mut Client) -> Result<String, SqlError> {
         .into_row()
         .await?
         .ok_or_else(|| conversion("StoreIdentity has no row".into()))?;
-    let stored = text(&row, 0, "Id")?;
-    let server = opt_text(&row, 1)?.unwrap_or_default();
-    let database = opt_text(&row, 2)?.unwrap_or_default();
+    identity_of(&row)
+}
+
+/// The store's identity from a row of [`sql::SELECT_IDENTITY`]'s columns
+/// (also the second result set of [`sql::SCHEMA_STATE`]).
+fn identity_of(row: &Row) -> Result<String, SqlError> {
+    let stored = text(row, 0, "Id")?;
+    let server = opt_text(row, 1)?.unwrap_or_default();
+    let database = opt_text(row, 2)?.unwrap_or_default();
     Ok(super::bound_identity(&stored, &[&server, &database]))
 }
 
@@ -622,9 +638,13 @@ impl OrderStore for SqlServerStore {
 
     async fn identity(&self) -> Result<String, StoreError> {
         self.schema_gate("read identity")?;
-        with_client!(self, "read identity", self.query_timeout, |client| {
+        if let Some(identity) = self.identity.get() {
+            return Ok(identity.clone());
+        }
+        let identity = with_client!(self, "read identity", self.query_timeout, |client| {
             identity_on(client)
-        })
+        })?;
+        Ok(self.identity.get_or_init(|| identity).clone())
     }
 
     async fn execute(
