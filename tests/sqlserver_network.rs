@@ -157,3 +157,77 @@ async fn after_an_outage_a_waiting_call_is_served_by_the_first_login_that_succee
     let pool = store.load().pool.expect("a pool");
     assert!(pool.idle > u64::from(MIN_IDLE), "{pool:?}");
 }
+
+/// The other reading of a timeout: a statement blocked on a lock on a live
+/// path. The suspicion it raises is settled by a connection idle beside it,
+/// which answers its check: the call answers `retry` at its query timeout
+/// and is not sent again (which would only queue a second time on the same
+/// lock), and the connections idle beside it are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_blocked_on_a_lock_is_not_taken_for_a_dead_path() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let query_timeout = Duration::from_secs(3);
+    let store = common::mssql_store(&cs, query_timeout).await;
+    let account = unique_id("acct");
+    let warm = futures::future::join_all((0..3).map(|_| {
+        let (store, o) = (store.clone(), order(&account));
+        async move { store.execute(&o, "e", "{}").await }
+    }))
+    .await;
+    assert!(
+        warm.iter().all(|r| r == &Ok(Execution::Executed)),
+        "{warm:?}"
+    );
+    common::mssql_pool_at_rest(&store).await;
+    let before = store.load().pool.expect("a pool");
+    // Another session holds the position row: the call's UPDATE waits.
+    let mut blocker = common::mssql_raw_client(&cs).await;
+    for statement in [
+        "BEGIN TRANSACTION",
+        "UPDATE dbo.Positions SET Units = Units WHERE AccountId = '{account}'",
+    ] {
+        let statement = statement.replace("{account}", &account);
+        blocker
+            .simple_query(statement)
+            .await
+            .unwrap()
+            .into_results()
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    let answer = store.execute(&order(&account), "e", "{}").await;
+    let waited = started.elapsed();
+    blocker
+        .simple_query("ROLLBACK TRANSACTION")
+        .await
+        .unwrap()
+        .into_results()
+        .await
+        .unwrap();
+    match answer {
+        Err(order_guard::store::StoreError::Transient(m)) => {
+            assert!(m.contains("SQL_QUERY_TIMEOUT_SECONDS"), "{m}")
+        }
+        other => panic!("want retry at the query timeout, got {other:?}"),
+    }
+    // Sent again, it would have waited a second query timeout on the lock.
+    assert!(
+        waited < query_timeout * 3 / 2,
+        "answered after {waited:?}: sent again? (query timeout {query_timeout:?})"
+    );
+    // At most the connection that timed out was discarded (the pool may
+    // have opened one since, to keep its reserve).
+    let after = store.load().pool.expect("a pool");
+    assert!(
+        after.open + 1 >= before.open,
+        "before {before:?}, after {after:?}"
+    );
+    println!(
+        "a statement blocked past its query timeout of {} ms answered retry in {} ms",
+        query_timeout.as_millis(),
+        waited.as_millis()
+    );
+}

@@ -469,6 +469,8 @@ pub(crate) mod tests {
             ("SQL_CONNECT_TIMEOUT_SECONDS", "0"),
             ("SQL_QUERY_TIMEOUT_SECONDS", "0"),
             ("SQL_POOL_SIZE", "0"),
+            // Azure drops a connection idle for 4 minutes without a word.
+            ("SQL_IDLE_TIMEOUT_SECONDS", "240"),
             ("SQLITE_BUSY_TIMEOUT_MS", "x"),
             ("SHUTDOWN_GRACE_SECONDS", "x"),
             ("ORDER_GUARD_ALLOW_EMBEDDED_STATE", "yes"),
