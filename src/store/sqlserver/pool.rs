@@ -425,11 +425,14 @@ impl bb8::ManageConnection for SqlConnectionManager {
             // An error is an answer of sorts (a cut, a killed session): not
             // a silence, and no verdict on the path.
             Ok(Err(e)) => Err(ConnectError::Sql(e)),
+            // Silent: for the suspicion it was checked for, the path is
+            // dead; otherwise it raises one, which the next connection
+            // idle beside it settles (bb8 checks it next, in this checkout).
             Err(_) => {
                 if decision == Checkout::Settle {
                     settle(false);
                 } else {
-                    self.silences.dead_now();
+                    self.silences.suspect();
                 }
                 Err(ConnectError::Silent(CHECK_TIMEOUT))
             }

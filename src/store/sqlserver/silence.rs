@@ -65,13 +65,14 @@ pub fn on_checkout(last_used: Instant, latest: Option<Suspicion>) -> Checkout {
 }
 
 /// Whether a call whose served connection timed out, raising suspicion
-/// `id`, sends its request again: not when its path was found alive (a
-/// slow statement); yes when found dead, when not settled (no older
-/// connection was left: the new one is the better bet), or when a newer
-/// suspicion replaced it.
+/// `id`, sends its request again: not when the path was found alive since
+/// (a slow statement: by a check for this suspicion or a later one, which
+/// covers the same connections and more); yes when found dead, or not
+/// settled (no older connection was left to check: the new one is the
+/// better bet).
 pub fn send_again_after(id: u64, latest: Option<Suspicion>) -> bool {
     match latest {
-        Some(s) if s.id == id => s.verdict != Verdict::Alive,
+        Some(s) if s.id >= id => s.verdict != Verdict::Alive,
         _ => true,
     }
 }
@@ -99,18 +100,6 @@ impl Silences {
             verdict: Verdict::Open,
         });
         id
-    }
-
-    /// A connection's check got no answer in time, now: whatever was
-    /// suspected, connections idle since before now are on a dead path.
-    pub fn dead_now(&self) {
-        let mut latest = self.lock();
-        let id = latest.map_or(1, |s| s.id + 1);
-        *latest = Some(Suspicion {
-            id,
-            since: Instant::now(),
-            verdict: Verdict::Dead,
-        });
     }
 
     /// The check of a connection last used at `last_used` (decided by
@@ -177,7 +166,11 @@ mod tests {
             send_again_after(3, at(t, 3, Verdict::Open)),
             "nothing older left"
         );
-        assert!(send_again_after(3, at(t, 4, Verdict::Alive)), "replaced");
+        assert!(
+            !send_again_after(3, at(t, 4, Verdict::Alive)),
+            "alive since"
+        );
+        assert!(send_again_after(3, at(t, 4, Verdict::Dead)), "dead since");
         assert!(send_again_after(3, None));
     }
 
@@ -202,10 +195,5 @@ mod tests {
         assert_eq!(silences.latest().map(|s| s.verdict), Some(Verdict::Open));
         silences.settle(idle, true);
         assert_eq!(silences.latest().map(|s| s.verdict), Some(Verdict::Alive));
-        silences.dead_now();
-        assert_eq!(
-            silences.latest().map(|s| (s.id, s.verdict)),
-            Some((next + 1, Verdict::Dead))
-        );
     }
 }
