@@ -92,6 +92,14 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// See [`KEEPALIVE_TIME`].
 pub const KEEPALIVE_RETRIES: u32 = 3;
 
+/// Longest a request's bytes may go unacknowledged by the server's kernel
+/// (`TCP_USER_TIMEOUT`, Linux) before the kernel resets the connection:
+/// keep-alive covers an idle connection, this one a request or a login in
+/// flight on a path that died (a busy server still acknowledges at once, so
+/// a slow statement or login never meets it). Without it such a login held
+/// a login turn for its whole budget (30 s).
+pub const UNACKNOWLEDGED_LIMIT: Duration = Duration::from_secs(15);
+
 /// Logins in flight per pool, at most.
 pub const LOGINS_AT_ONCE: usize = 2;
 
@@ -246,6 +254,7 @@ impl SqlConnectionManager {
         // starts with the turn.
         let _turn = self.turns.acquire().await;
         let _running = Counted::enter(&self.logins.running);
+        let started = Instant::now();
         let budget = login_budget(self.connect_timeout);
         let mut config = self.config.clone();
         if let Some(identity) = &self.identity {
@@ -259,7 +268,8 @@ impl SqlConnectionManager {
         // says Encrypt=True; a task turns that into an error, not a crash.
         let task = tokio::spawn(open_following_redirect(config));
         let abort = task.abort_handle();
-        match tokio::time::timeout(budget, task).await {
+        let login = async {
+            match tokio::time::timeout(budget, task).await {
             Err(_) => {
                 abort.abort();
                 Err(ConnectError::Timeout(budget))
@@ -299,6 +309,21 @@ impl SqlConnectionManager {
                 }
             }
         }
+        };
+        // A login whose connection was open when a silent drop was found
+        // is on the dead path too: it would hold its turn for the whole
+        // budget, and with every turn so held no login could replace the
+        // dead connections. It is abandoned, and the next attempt opens a
+        // new connection.
+        tokio::select! {
+            opened = login => opened,
+            () = self.silences.found_dead_since(started) => {
+                abort.abort();
+                Err(ConnectError::Sql(tiberius::error::Error::Protocol(
+                    "login abandoned: its network path was found dead".into(),
+                )))
+            }
+        }
     }
 }
 
@@ -332,7 +357,10 @@ async fn open_once(config: tiberius::Config) -> Result<Client, tiberius::error::
         .with_time(KEEPALIVE_TIME)
         .with_interval(KEEPALIVE_INTERVAL)
         .with_retries(KEEPALIVE_RETRIES);
-    socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive)?;
+    let socket = socket2::SockRef::from(&tcp);
+    socket.set_tcp_keepalive(&keepalive)?;
+    #[cfg(target_os = "linux")]
+    socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_LIMIT))?;
     tiberius::Client::connect(config, tcp.compat_write()).await
 }
 

@@ -14,7 +14,10 @@
 //! path is alive (the call answers `retry`, as a slow statement should);
 //! not answered, it is dead from then on (every older connection is
 //! discarded unchecked, and the call is sent again). With no older
-//! connection left to check, the call is sent again on the new one.
+//! connection left to check, the call is sent again on the new one. A
+//! login in flight on a path found dead is abandoned
+//! ([`Silences::found_dead_since`]): it would hold one of the pool's few
+//! login turns for its whole budget.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -82,6 +85,14 @@ pub fn send_again_after(id: u64, latest: Option<Suspicion>) -> bool {
 #[derive(Debug, Default)]
 pub struct Silences {
     latest: Mutex<Option<Suspicion>>,
+    /// Woken when a suspicion is found dead.
+    found_dead: tokio::sync::Notify,
+}
+
+/// Whether a connection opened at `opened` is on a path `latest` found
+/// dead: it was open at the suspicion's time.
+pub fn opened_on_dead_path(opened: Instant, latest: Option<Suspicion>) -> bool {
+    latest.is_some_and(|s| s.verdict == Verdict::Dead && opened <= s.since)
 }
 
 impl Silences {
@@ -112,9 +123,25 @@ impl Silences {
                 s.verdict = if answered {
                     Verdict::Alive
                 } else {
+                    self.found_dead.notify_waiters();
                     Verdict::Dead
                 };
             }
+        }
+    }
+
+    /// Returns once a path is found dead with a connection opened at
+    /// `opened` on it ([`opened_on_dead_path`]): a login in flight then.
+    pub async fn found_dead_since(&self, opened: Instant) {
+        loop {
+            let woken = self.found_dead.notified();
+            tokio::pin!(woken);
+            // Registered before the check, so a verdict in between wakes it.
+            woken.as_mut().enable();
+            if opened_on_dead_path(opened, self.latest()) {
+                return;
+            }
+            woken.await;
         }
     }
 
@@ -152,6 +179,21 @@ mod tests {
         for verdict in [Verdict::Open, Verdict::Dead, Verdict::Alive] {
             assert_eq!(on_checkout(after, at(t, 1, verdict)), Checkout::Use);
         }
+    }
+
+    #[test]
+    fn a_login_open_when_its_path_was_found_dead_is_on_it() {
+        let t = Instant::now();
+        let before = t - Duration::from_secs(1);
+        let after = t + Duration::from_secs(1);
+        assert!(opened_on_dead_path(before, at(t, 1, Verdict::Dead)));
+        assert!(
+            !opened_on_dead_path(after, at(t, 1, Verdict::Dead)),
+            "opened since"
+        );
+        assert!(!opened_on_dead_path(before, at(t, 1, Verdict::Open)));
+        assert!(!opened_on_dead_path(before, at(t, 1, Verdict::Alive)));
+        assert!(!opened_on_dead_path(before, None));
     }
 
     #[test]
