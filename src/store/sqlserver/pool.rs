@@ -104,10 +104,14 @@ pub const UNACKNOWLEDGED_LIMIT: Duration = Duration::from_secs(15);
 pub const LOGINS_AT_ONCE: usize = 2;
 
 /// Idle connections the pool keeps open, reopening them in the background
-/// (bb8's `min_idle`): as many as may log in at once, so a pool emptied by
-/// an outage starts refilling the moment the server takes logins again,
-/// without a login storm.
-pub const MIN_IDLE: u32 = LOGINS_AT_ONCE as u32;
+/// (bb8's `min_idle`): one, so a pool emptied by an outage starts refilling
+/// the moment the server takes logins again. Not two: measured in the SQL
+/// Server chaos run (seed 42), two doubled the logins of every start (each
+/// new session compiles the procedure on Babelfish, about 0.7 s of CPU),
+/// and with handlers killed and restarted the starts' schema checks missed
+/// their 3 s (attempts 3 614 to 4 096 for 691 deliveries, against 2 044 to
+/// 2 130 before issue 31 and 2 088 with one).
+pub const MIN_IDLE: u32 = 1;
 
 /// How long one login may run once it has its turn: the connect timeout,
 /// but never less than 30 s, so a slow login under load completes (and

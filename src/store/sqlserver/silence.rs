@@ -14,7 +14,8 @@
 //! path is alive (the call answers `retry`, as a slow statement should);
 //! not answered, it is dead from then on (every older connection is
 //! discarded unchecked, and the call is sent again). With no older
-//! connection left to check, the call is sent again on the new one. A
+//! connection left to check, the call answers `retry` (every connection
+//! was busy: a loaded server explains that as well as a dead path). A
 //! login in flight on a path found dead is abandoned
 //! ([`Silences::found_dead_since`]): it would hold one of the pool's few
 //! login turns for its whole budget.
@@ -68,16 +69,15 @@ pub fn on_checkout(last_used: Instant, latest: Option<Suspicion>) -> Checkout {
 }
 
 /// Whether a call whose served connection timed out, raising suspicion
-/// `id`, sends its request again: not when the path was found alive since
-/// (a slow statement: by a check for this suspicion or a later one, which
-/// covers the same connections and more); yes when found dead, or not
-/// settled (no older connection was left to check: the new one is the
-/// better bet).
+/// `id`, sends its request again: only when the path was found dead (by a
+/// check for this suspicion or a later one, which covers the same
+/// connections and more). Not when found alive (a slow statement), nor
+/// when not settled: with no idle connection left to check, every
+/// connection was busy, which a loaded server explains as well as a dead
+/// path, and a re-send would cost a login (on Babelfish, a compile of the
+/// procedure) on the server least able to afford it.
 pub fn send_again_after(id: u64, latest: Option<Suspicion>) -> bool {
-    match latest {
-        Some(s) if s.id >= id => s.verdict != Verdict::Alive,
-        _ => true,
-    }
+    matches!(latest, Some(s) if s.id >= id && s.verdict == Verdict::Dead)
 }
 
 /// The latest suspicion, shared by the pool's manager (which settles it on
@@ -197,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    fn a_call_is_sent_again_unless_its_path_answered() {
+    fn a_call_is_sent_again_only_when_its_path_was_found_dead() {
         let t = Instant::now();
         assert!(
             !send_again_after(3, at(t, 3, Verdict::Alive)),
@@ -205,15 +205,15 @@ mod tests {
         );
         assert!(send_again_after(3, at(t, 3, Verdict::Dead)), "a dead path");
         assert!(
-            send_again_after(3, at(t, 3, Verdict::Open)),
-            "nothing older left"
+            !send_again_after(3, at(t, 3, Verdict::Open)),
+            "nothing older left to check: every connection busy"
         );
         assert!(
             !send_again_after(3, at(t, 4, Verdict::Alive)),
             "alive since"
         );
         assert!(send_again_after(3, at(t, 4, Verdict::Dead)), "dead since");
-        assert!(send_again_after(3, None));
+        assert!(!send_again_after(3, None));
     }
 
     #[test]
