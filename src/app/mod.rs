@@ -294,23 +294,23 @@ const MIGRATE_AT_START_PATIENCE: Duration = Duration::from_secs(20);
 /// fails every delivery sent to it meanwhile.
 const SQLSERVER_MIGRATE_AT_START: Duration = Duration::from_secs(3);
 
-/// Longest pause between two background migration attempts: an attempt is
-/// one connection, and the gate holds every order until one succeeds.
-const MIGRATE_RETRY_MAX_PAUSE: Duration = Duration::from_secs(5);
-
-/// Keep migrating (back-off up to [`MIGRATE_RETRY_MAX_PAUSE`]) until it
-/// succeeds, logging each miss (its message says the fix: the admin's
-/// `migrate`, a right to grant); give up only on a failure a start refuses
-/// (a right missing), which the returned task then answers.
+/// Keep migrating until it succeeds, logging each miss (its message says
+/// the fix: the admin's `migrate`, a right to grant); give up only on a
+/// failure a start refuses (a right missing), which the returned task then
+/// answers. Paced as the pool's logins are (`pool::reconnect_pause`: 250 ms,
+/// 500 ms, then every second): every order waits on the gate, so a database
+/// that comes back must be found within a second, and an attempt costs one
+/// connection's worth of work (the pool's own logins are paced apart).
 fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) -> GiveUp {
+    use crate::store::sqlserver::pool::reconnect_pause;
     log::error!(
         "{} schema not checked at start ({first_error}); retrying in the background, and invocations answer `retry` until it succeeds",
         store.name()
     );
     tokio::spawn(async move {
-        let mut pause = Duration::from_secs(1);
+        let mut failures = 0;
         loop {
-            tokio::time::sleep(pause).await;
+            tokio::time::sleep(reconnect_pause(failures)).await;
             match store.migrate().await {
                 Ok(()) => {
                     log::info!("{} schema is up to date", store.name());
@@ -318,12 +318,12 @@ fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) -> Giv
                 }
                 Err(e) if refuses_start(&e, Start::Serve) => return e,
                 Err(e) => log::error!(
-                    "{} schema still not checked ({e}); next try in {} s",
+                    "{} schema still not checked ({e}); next try in {} ms",
                     store.name(),
-                    (pause * 2).min(MIGRATE_RETRY_MAX_PAUSE).as_secs()
+                    reconnect_pause(failures + 1).as_millis()
                 ),
             }
-            pause = (pause * 2).min(MIGRATE_RETRY_MAX_PAUSE);
+            failures = failures.saturating_add(1);
         }
     })
 }

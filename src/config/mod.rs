@@ -276,6 +276,14 @@ impl Config {
                     1,
                     1_000_000,
                 )? as u32,
+                // At most 235 s: under the 4 minutes after which Azure's
+                // load balancers and gateway drop an idle connection silently.
+                idle_timeout: Duration::from_secs(num(
+                    "SQL_IDLE_TIMEOUT_SECONDS",
+                    crate::store::sqlserver::DEFAULT_IDLE_TIMEOUT.as_secs(),
+                    5,
+                    235,
+                )?),
             },
             sqlite_busy_timeout: Duration::from_millis(num(
                 "SQLITE_BUSY_TIMEOUT_MS",
@@ -474,6 +482,8 @@ pub(crate) mod tests {
             ("SQL_CONNECT_TIMEOUT_SECONDS", "0"),
             ("SQL_QUERY_TIMEOUT_SECONDS", "0"),
             ("SQL_POOL_SIZE", "0"),
+            // Azure drops a connection idle for 4 minutes without a word.
+            ("SQL_IDLE_TIMEOUT_SECONDS", "240"),
             ("SQLITE_BUSY_TIMEOUT_MS", "x"),
             ("SHUTDOWN_GRACE_SECONDS", "x"),
             ("ORDER_GUARD_ALLOW_EMBEDDED_STATE", "yes"),

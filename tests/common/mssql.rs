@@ -40,6 +40,7 @@ pub fn mssql_settings(query_timeout: Duration) -> order_guard::store::sqlserver:
         pool_size: 20,
         migrate_timeout: order_guard::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT,
         migrate_batch_rows: order_guard::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS,
+        idle_timeout: order_guard::store::sqlserver::DEFAULT_IDLE_TIMEOUT,
     }
 }
 
@@ -59,6 +60,27 @@ pub async fn mssql_store(
         .await
         .expect("the app's login cannot use the SQL Server named by ORDER_GUARD_TEST_MSSQL");
     Arc::new(store)
+}
+
+/// Wait until `store`'s pool is at rest: no login in flight, and more idle
+/// connections than it keeps in reserve (`pool::MIN_IDLE`, reopened in the
+/// background), so the next call that takes one starts no login. Tests
+/// that count what goes over the wire, or drop it, start from here.
+pub async fn mssql_pool_at_rest(store: &order_guard::store::SqlServerStore) {
+    let reserve = u64::from(order_guard::store::sqlserver::pool::MIN_IDLE);
+    let given_up = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let pool = store.load().pool.expect("a SQL Server store has a pool");
+        if pool.idle > reserve && pool.logins_running + pool.logins_waiting == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < given_up,
+            "the pool never came to rest: {pool:?}"
+        );
+        // Polling the pool's own gauge: bb8 has no event for "at rest".
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// The password of the tests' least-privileged logins (a test server's).

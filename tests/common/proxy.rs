@@ -2,7 +2,10 @@
 //! it counts request/response turns (a turn begins each time the client
 //! sends after the server has answered, whatever the protocol, TLS
 //! included) and can hold every chunk for a one-way delay, to stand for the
-//! network between a Function and its Azure SQL database.
+//! network between a Function and its Azure SQL database. It can also drop
+//! its connections silently ([`TurnProxy::silence`]): what a load balancer
+//! that lost its state does, no RST and no FIN, the bytes just go nowhere;
+//! or close them all and refuse new ones for a while ([`TurnProxy::outage`]).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,6 +51,18 @@ pub struct TurnProxy {
     pub port: u16,
     turns: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
+    /// Bumped by [`TurnProxy::silence`]: connections of an older
+    /// generation forward nothing more. (examples/store_latency.rs uses
+    /// the proxy without silencing it.)
+    #[allow(dead_code)]
+    generation: tokio::sync::watch::Sender<u64>,
+    /// Bumped by [`TurnProxy::outage`]: connections of an older
+    /// generation are closed.
+    #[allow(dead_code)]
+    cuts: tokio::sync::watch::Sender<u64>,
+    /// While set, new connections are closed as soon as accepted.
+    #[allow(dead_code)]
+    refusing: Arc<AtomicBool>,
 }
 
 impl TurnProxy {
@@ -58,17 +73,67 @@ impl TurnProxy {
         let port = listener.local_addr().unwrap().port();
         let turns = Arc::new(AtomicU64::new(0));
         let counted = Arc::clone(&turns);
+        let (generation, _) = tokio::sync::watch::channel(0u64);
+        let silenced = generation.subscribe();
+        let (cuts, _) = tokio::sync::watch::channel(0u64);
+        let cut = cuts.subscribe();
+        let refusing = Arc::new(AtomicBool::new(false));
+        let refused = Arc::clone(&refusing);
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if refused.load(Ordering::SeqCst) {
+                    continue; // closed at once
+                }
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
-                tokio::spawn(relay(client, server, Arc::clone(&counted), one_way));
+                let mut silenced = silenced.clone();
+                silenced.mark_unchanged();
+                let mut cut = cut.clone();
+                cut.mark_unchanged();
+                let relayed = relay(client, server, Arc::clone(&counted), one_way, silenced);
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = relayed => {}
+                        _ = cut.changed() => {} // both sockets dropped: closed
+                    }
+                });
             }
         });
-        TurnProxy { port, turns, task }
+        TurnProxy {
+            port,
+            turns,
+            task,
+            generation,
+            cuts,
+            refusing,
+        }
+    }
+
+    /// A network outage as the client sees it: every connection open now
+    /// is closed, and new ones are closed as soon as accepted until
+    /// [`TurnProxy::restore`].
+    #[allow(dead_code)]
+    pub fn outage(&self) {
+        self.refusing.store(true, Ordering::SeqCst);
+        self.cuts.send_modify(|g| *g += 1);
+    }
+
+    /// The end of an [`TurnProxy::outage`]: new connections are forwarded.
+    #[allow(dead_code)]
+    pub fn restore(&self) {
+        self.refusing.store(false, Ordering::SeqCst);
+    }
+
+    /// Drop every connection open now silently: from here on nothing is
+    /// forwarded on them either way, and their sockets stay open (no FIN,
+    /// no RST), so each end learns of it only by a timeout of its own.
+    /// Connections made afterwards are forwarded as before.
+    #[allow(dead_code)]
+    pub fn silence(&self) {
+        self.generation.send_modify(|g| *g += 1);
     }
 
     /// Turns so far, over every connection.
@@ -88,31 +153,42 @@ impl Drop for TurnProxy {
 /// a new turn. Each direction is a delay line: a chunk is read as soon as
 /// it arrives and written `one_way` after its arrival, so consecutive
 /// chunks of one message are not delayed one after the other.
-async fn relay(client: TcpStream, server: TcpStream, turns: Arc<AtomicU64>, one_way: Duration) {
+/// Once `silenced` has changed, nothing more is forwarded (see
+/// [`TurnProxy::silence`]).
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    turns: Arc<AtomicU64>,
+    one_way: Duration,
+    silenced: tokio::sync::watch::Receiver<u64>,
+) {
     let answered = Arc::new(AtomicBool::new(true));
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
+    let silent = move || silenced.has_changed().unwrap_or(false);
     let up = {
         let answered = Arc::clone(&answered);
-        pipe(cr, sw, one_way, move || {
+        pipe(cr, sw, one_way, silent.clone(), move || {
             if answered.swap(false, Ordering::SeqCst) {
                 turns.fetch_add(1, Ordering::SeqCst);
             }
         })
     };
     // Set before the client can read the answer, so its next bytes see it.
-    let down = pipe(sr, cw, one_way, move || {
+    let down = pipe(sr, cw, one_way, silent, move || {
         answered.store(true, Ordering::SeqCst)
     });
     tokio::join!(up, down);
 }
 
 /// Forward `from` to `to`, each chunk `delay` after it was read; `on_read`
-/// runs as each chunk arrives.
+/// runs as each chunk arrives. Once `silent()`, chunks are read and
+/// dropped, and `to` is neither written nor shut down.
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     delay: Duration,
+    silent: impl Fn() -> bool,
     on_read: impl Fn(),
 ) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
@@ -137,9 +213,16 @@ async fn pipe(
             if !delay.is_zero() {
                 sleep_until_precisely(due).await;
             }
+            if silent() {
+                continue;
+            }
             if to.write_all(&chunk).await.is_err() {
                 break;
             }
+        }
+        if silent() {
+            // Keep `to` open: a silent drop sends no FIN.
+            std::future::pending::<()>().await;
         }
         let _ = to.shutdown().await;
     };

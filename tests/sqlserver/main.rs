@@ -212,6 +212,7 @@ fn settings(connect_secs: u64) -> SqlServerSettings {
         pool_size: 2,
         migrate_timeout: order_guard::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT,
         migrate_batch_rows: order_guard::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS,
+        idle_timeout: order_guard::store::sqlserver::DEFAULT_IDLE_TIMEOUT,
     }
 }
 

@@ -54,6 +54,7 @@ async fn logins_are_paced_whatever_the_number_of_waiting_callers() {
             pool_size: 8,
             migrate_timeout: order_guard::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT,
             migrate_batch_rows: order_guard::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS,
+            idle_timeout: order_guard::store::sqlserver::DEFAULT_IDLE_TIMEOUT,
         },
     )
     .unwrap();

@@ -30,6 +30,7 @@ async fn the_pools_logins_in_flight_are_a_gauge_by_state() {
             pool_size: 4,
             migrate_timeout: order_guard::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT,
             migrate_batch_rows: order_guard::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS,
+            idle_timeout: order_guard::store::sqlserver::DEFAULT_IDLE_TIMEOUT,
         },
     )
     .unwrap();

@@ -123,16 +123,41 @@ pub fn is_transport_cut(e: &tiberius::error::Error) -> bool {
     )
 }
 
+/// Server errors that end the session: it was killed (596: "Cannot
+/// continue the execution because the session is in the kill state"; the
+/// `KILL` an admin, a failover or Azure's reconfiguration sends) or the
+/// server is shutting down (6005).
+pub const SESSION_ENDED: &[u32] = &[596, 6005];
+
+/// Severity from which SQL Server closes the connection after the error
+/// (20 to 25: "fatal", the session is gone).
+pub const FATAL_CLASS: u8 = 20;
+
+/// True when a server error with this number and class (severity) says the
+/// session is gone, whatever the statement: on a connection that served
+/// before, it is a cut like a dropped socket (the call goes on on another
+/// connection), not an answer to this call.
+pub fn ends_session(code: u32, class: u8) -> bool {
+    SESSION_ENDED.contains(&code) || class >= FATAL_CLASS
+}
+
+/// [`ends_session`] for a driver error: only server errors can say so.
+pub fn is_session_ended(e: &tiberius::error::Error) -> bool {
+    matches!(e, tiberius::error::Error::Server(t) if ends_session(t.code(), t.class()))
+}
+
 /// Classify a driver error. `what` names the operation for the log and the
 /// message (never a value from the connection string).
 pub fn classify(what: &str, e: &tiberius::error::Error) -> StoreError {
     use tiberius::error::Error;
     match e {
-        Error::Server(t) if TRANSIENT.contains(&t.code()) => StoreError::Transient(format!(
-            "{what}: SQL Server error {}: {}",
-            t.code(),
-            t.message()
-        )),
+        Error::Server(t) if TRANSIENT.contains(&t.code()) || ends_session(t.code(), t.class()) => {
+            StoreError::Transient(format!(
+                "{what}: SQL Server error {}: {}",
+                t.code(),
+                t.message()
+            ))
+        }
         Error::Server(t) if deployment_fault(t.code(), t.message()).is_some() => {
             let fault = deployment_fault(t.code(), t.message())
                 .unwrap_or(DeploymentFault::PermissionDenied);
@@ -173,11 +198,12 @@ pub fn query_timeout(what: &str, timeout: std::time::Duration) -> StoreError {
     ))
 }
 
-/// No pooled connection could be had within the connect timeout; `last`
+/// No pooled connection could be had within the call's budget (the connect
+/// timeout plus the query timeout); `last`
 /// is the most recent connect failure, if any, to say why.
 pub fn pool_timeout(what: &str, timeout: std::time::Duration, last: Option<String>) -> StoreError {
     StoreError::Transient(format!(
-        "{what}: no SQL Server connection within {} ms (SQL_CONNECT_TIMEOUT_SECONDS){}",
+        "{what}: no SQL Server connection within {} ms (SQL_CONNECT_TIMEOUT_SECONDS + SQL_QUERY_TIMEOUT_SECONDS){}",
         timeout.as_millis(),
         last.map(|l| format!("; last connect error: {l}"))
             .unwrap_or_default()
@@ -219,6 +245,23 @@ mod tests {
         for (code, message, want) in cases {
             assert_eq!(deployment_fault(*code, message), *want, "{code} {message}");
         }
+    }
+
+    /// Issue 31: a killed session or a server shutting down is a cut, by
+    /// number or by a fatal class; an ordinary error (class 16) is not.
+    #[test]
+    fn a_killed_session_or_a_fatal_error_ends_the_session() {
+        assert!(ends_session(596, 21), "session in the kill state");
+        assert!(ends_session(6005, 14), "SHUTDOWN is in progress");
+        assert!(ends_session(50000, 20), "any fatal class");
+        assert!(ends_session(3980, 25));
+        assert!(
+            !ends_session(1205, 13),
+            "a deadlock victim keeps its session"
+        );
+        assert!(!ends_session(2627, 14), "a duplicate");
+        assert!(!ends_session(8134, 16), "division by zero");
+        assert!(!ends_session(BABELFISH_GENERIC, 16));
     }
 
     #[test]

@@ -27,7 +27,7 @@ use tiberius::error::Error as SqlError;
 
 use super::pool::Client;
 use super::rights::{self, Rights};
-use super::{classify, end_transaction, run, sql};
+use super::{classify, end_transaction, identity_of, run, sql};
 use crate::store::StoreError;
 
 /// How one migration is bounded (its overall time is the caller's).
@@ -42,8 +42,9 @@ pub struct Bounds {
 /// What a migration did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Migrated {
-    /// The schema was current (nothing sent but the check).
-    Current,
+    /// The schema was current (nothing sent but the check), and the
+    /// store's identity if this user may read it (read by the same query).
+    Current { identity: Option<String> },
     /// This call migrated it, converting this many position rows.
     Done { converted: u64 },
     /// `sp_getapplock` refused the lock with this result (nothing done).
@@ -57,25 +58,36 @@ pub enum Migrated {
 }
 
 /// Where the schema stands, as this user sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct SchemaState {
     current: bool,
     /// The highest version row (0: none, or not visible to this user).
     version: i32,
+    /// The store's identity, read in the same round trip when this user
+    /// may read it (`super::identity_of`).
+    identity: Option<String>,
 }
 
 async fn schema_state(client: &mut Client) -> Result<SchemaState, SqlError> {
-    let row = client
+    let results = client
         .query(sql::SCHEMA_STATE, &[&sql::SCHEMA_VERSION])
         .await?
-        .into_row()
+        .into_results()
         .await?;
-    let (current, version) = row
+    let (current, version) = results
+        .first()
+        .and_then(|rows| rows.first())
         .map(|r| (r.get::<i32, _>(0), r.get::<i32, _>(1)))
         .unwrap_or_default();
+    let identity = results
+        .get(1)
+        .and_then(|rows| rows.first())
+        .map(identity_of)
+        .transpose()?;
     Ok(SchemaState {
         current: current.unwrap_or(0) > 0,
         version: version.unwrap_or(0),
+        identity,
     })
 }
 
@@ -96,8 +108,11 @@ async fn last_int(client: &mut Client, statement: &str, p1: i32) -> Result<Optio
 
 /// Migrate on `client` (see the module documentation).
 pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated, SqlError> {
-    if schema_state(client).await?.current {
-        return Ok(Migrated::Current);
+    let state = schema_state(client).await?;
+    if state.current {
+        return Ok(Migrated::Current {
+            identity: state.identity,
+        });
     }
     let lock_wait = i32::try_from(bounds.lock_wait.as_millis()).unwrap_or(i32::MAX);
     let granted = last_int(client, sql::LOCK_SCHEMA, lock_wait).await?;
@@ -114,7 +129,8 @@ pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated
     // (under RCSI the first check could not see its uncommitted row): do
     // nothing then, rather than drop and create the procedure it serves with.
     let done = if schema_state(client).await?.current {
-        Migrated::Current
+        // Not kept: the identity is read again when asked for.
+        Migrated::Current { identity: None }
     } else {
         match run_migration(client, bounds.batch_rows).await {
             Ok(converted) => Migrated::Done { converted },

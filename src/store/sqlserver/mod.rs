@@ -8,9 +8,10 @@
 //! once, counting redeliveries ([`sql::REJECT`]).
 //!
 //! Every call takes a pooled connection (bb8, [`pool`]), runs under the
-//! query timeout, moves past pooled connections a server restart cut and
-//! retries a lost one once (`with_client!`); longer back-off is Event
-//! Grid's job. Statements
+//! query timeout within one budget, moves past pooled connections a server
+//! restart cut or a dead network path took ([`silence`]) and retries a lost
+//! one once (`with_client!`, its decisions in [`retry`]); longer back-off
+//! is Event Grid's job. Statements
 //! live in [`sql`], error numbers in [`classify`], the connection string in
 //! [`connstr`], the execution's tries in `execute`, the migration in
 //! [`migrate`], the start's rights check in [`rights`], Entra ID tokens
@@ -22,7 +23,9 @@ mod execute;
 pub mod migrate;
 mod outbox;
 pub mod pool;
+pub mod retry;
 pub mod rights;
+pub mod silence;
 pub mod sql;
 
 use std::str::FromStr;
@@ -38,6 +41,8 @@ use tiberius::Row;
 
 use self::connstr::{Auth, SqlConnInfo};
 use self::pool::{Client, Logins, SqlConnectionManager};
+use self::retry::{call_budget, send_again, Loss};
+use self::silence::Silences;
 use super::{
     Announcement, Claim, Deferral, Execution, Listing, OrderRecord, OrderStore, OutboxCounts,
     RejectedRecord, Rejection, StoreError,
@@ -49,8 +54,15 @@ use crate::position::Position;
 /// Pooled connections are replaced after this long, so a failover or a
 /// rebalanced gateway is picked up even on a busy, never-idle pool.
 const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(30 * 60);
-/// Idle connections are closed after this long.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// [`SqlServerSettings::idle_timeout`] unless set: under the 4 minutes
+/// after which Azure's load balancers and SQL gateway drop an idle TCP
+/// connection without telling either end.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(180);
+/// How often the pool closes idle and expired connections and reopens
+/// [`pool::MIN_IDLE`]: at the reconnect pace, so connections lost in an
+/// outage are reopened in the background within a second of the server
+/// accepting logins again.
+const REFILL_EVERY: Duration = Duration::from_secs(1);
 /// Pause before the one retry on a dropped connection.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
@@ -68,6 +80,9 @@ pub struct SqlServerSettings {
     pub migrate_timeout: Duration,
     /// Rows a migration rewrites per transaction (SQL_MIGRATE_BATCH_ROWS).
     pub migrate_batch_rows: u32,
+    /// Idle connections are closed after this long
+    /// (SQL_IDLE_TIMEOUT_SECONDS; [`DEFAULT_IDLE_TIMEOUT`]).
+    pub idle_timeout: Duration,
 }
 
 /// [`SqlServerSettings::migrate_timeout`] unless set: an hour.
@@ -88,6 +103,12 @@ pub struct SqlServerStore {
     last_connect_error: Arc<Mutex<Option<String>>>,
     /// The pool manager's logins in flight (telemetry's gauge).
     logins: Arc<Logins>,
+    /// Suspicions of a dead network path (shared with the manager).
+    silences: Arc<Silences>,
+    /// The store's identity once read (with the schema's state at
+    /// `migrate`, or by [`OrderStore::identity`]): it names the database
+    /// the pool connects to, which does not change under a running store.
+    identity: std::sync::OnceLock<String>,
     connect_timeout: Duration,
     query_timeout: Duration,
     /// SQL_POOL_SIZE: how many stale pooled connections a call may skip.
@@ -97,31 +118,72 @@ pub struct SqlServerStore {
 }
 
 /// Run `$body` (an expression using `$client: &mut Client`) on a pooled
-/// connection within `$timeout`. A connection whose transport broke after it
-/// had served requests went stale in the pool (a server restart cuts every
-/// idle one at once), so the call moves on to the next, up to the pool's
-/// size; any other lost connection is retried once, after a pause. (A call
-/// retried after a cut that followed its commit answers what the row says:
+/// connection, each attempt within `$timeout`, the whole call by one
+/// deadline ([`call_budget`]: the wait for a connection, every attempt and
+/// every re-send draw from it). A connection that had served (or sat in
+/// the pool since before the call) and then broke (its transport cut, its
+/// session killed or shut down) went stale in the pool: a server restart
+/// takes every idle one at once, so the call moves on to the next, up to
+/// the pool's size. One such that gave no answer in time raises a suspicion of a dead network path
+/// ([`silence`]), which the next checkout settles: the call is sent again
+/// on another connection unless the path answered (a slow statement), once
+/// per call and only for a call bounded by the query timeout (a migration
+/// that runs out of its bound is not on a dead path). Any other lost
+/// connection is retried once, after a pause. (A call sent again after a
+/// cut or silence that followed its commit answers what the row says:
 /// `done` for an execute, one more delivery counted for a rejection.) A
 /// connection goes back to the pool only after a request that finished
-/// without any error:
-/// one that timed out, was cancelled or failed (inside a transaction or not)
-/// is discarded, and closing it makes the server roll back whatever it had
-/// open.
+/// without any error: one that timed out, was cancelled or failed (inside
+/// a transaction or not) is discarded, and closing it makes the server roll
+/// back whatever it had open.
 macro_rules! with_client {
     ($self:ident, $what:expr, $timeout:expr, |$client:ident| $body:expr) => {{
         let what: &str = $what;
+        let timeout: Duration = $timeout;
+        let called = std::time::Instant::now();
+        let deadline = tokio::time::Instant::now() + call_budget($self.connect_timeout, timeout);
         let mut stale = 0u32;
         let mut fresh_lost = false;
+        let mut first = true;
+        // The suspicion this call raised, until its re-send's checkout
+        // settled it; and whether it raised one at all.
+        let mut suspicion: Option<u64> = None;
+        let mut suspected = false;
         loop {
-            let mut conn = $self.checkout(what).await?;
+            let mut conn = $self
+                .checkout(what, (!std::mem::take(&mut first)).then_some(deadline))
+                .await?;
+            if let Some(id) = suspicion.take() {
+                if !silence::send_again_after(id, $self.silences.latest()) {
+                    // The path answered its check: the statement was slow,
+                    // not lost; sending it again would only add load.
+                    break Err(classify::query_timeout(what, timeout));
+                }
+            }
             conn.broken = true;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let result = {
                 let $client: &mut Client = &mut conn.client;
-                tokio::time::timeout($timeout, $body).await
+                tokio::time::timeout(timeout.min(left), $body).await
             };
+            // Stale-eligible: it served, or sat in the pool since before
+            // this call (one opened for it says the server is not there).
+            let served = conn.served || conn.opened < called;
+            let time_left = tokio::time::Instant::now() < deadline;
             match result {
-                Err(_) => break Err(classify::query_timeout(what, $timeout)),
+                Err(_) if served => {
+                    let id = $self.silences.suspect();
+                    if suspected || !time_left || timeout > $self.query_timeout {
+                        break Err(classify::query_timeout(what, timeout));
+                    }
+                    (suspicion, suspected) = (Some(id), true);
+                    log::warn!(
+                        "{what}: a pooled connection gave no answer within {} ms; \
+                         sending again on another unless its network path answers",
+                        timeout.min(left).as_millis()
+                    );
+                }
+                Err(_) => break Err(classify::query_timeout(what, timeout)),
                 Ok(Ok(value)) => {
                     conn.broken = false;
                     conn.served = true;
@@ -129,12 +191,12 @@ macro_rules! with_client {
                     break Ok(value);
                 }
                 Ok(Err(e))
-                    if classify::is_transport_cut(&e) && conn.served && stale < $self.pool_size =>
+                    if send_again(Loss::of(&e), served, stale, $self.pool_size, time_left) =>
                 {
                     stale += 1;
                     log::warn!("{what}: a pooled connection was lost ({e}); trying the next");
                 }
-                Ok(Err(e)) if classify::is_connection_lost(&e) && !fresh_lost => {
+                Ok(Err(e)) if classify::is_connection_lost(&e) && !fresh_lost && time_left => {
                     fresh_lost = true;
                     log::warn!("{what}: connection lost ({e}); retrying once on a new connection");
                     drop(conn);
@@ -181,26 +243,42 @@ impl SqlServerStore {
     ) -> Self {
         let last_connect_error = manager.last_error();
         let logins = manager.logins();
+        let silences = manager.silences();
+        let pool_size = settings.pool_size.max(1);
+        // bb8 wakes a waiting caller whenever a connection is put in the
+        // pool, a new one included; `min_idle` keeps connects going in the
+        // background (re-asked every REFILL_EVERY while they fail), so after
+        // an outage the pool refills itself and waiters are served by the
+        // first login that succeeds, not only by a connection returned.
         let pool = bb8::Pool::builder()
-            .max_size(settings.pool_size.max(1))
-            .min_idle(None)
-            .connection_timeout(settings.connect_timeout)
+            .max_size(pool_size)
+            .min_idle(Some(pool::MIN_IDLE.min(pool_size)))
+            .reaper_rate(REFILL_EVERY)
+            // A first wait for a connection may take the whole call's
+            // budget; the statements then get what is left of it.
+            .connection_timeout(call_budget(
+                settings.connect_timeout,
+                settings.query_timeout,
+            ))
             .test_on_check_out(true)
             .retry_connection(false)
             .max_lifetime(Some(MAX_CONNECTION_LIFETIME))
-            .idle_timeout(Some(IDLE_TIMEOUT))
+            .idle_timeout(Some(settings.idle_timeout))
             .build_unchecked(manager);
         log::info!(
-            "SQL Server store: {description}, pool of {}, connect timeout {} s, query timeout {} s",
+            "SQL Server store: {description}, pool of {}, connect timeout {} s, query timeout {} s, idle connections closed after {} s",
             settings.pool_size,
             settings.connect_timeout.as_secs(),
-            settings.query_timeout.as_secs()
+            settings.query_timeout.as_secs(),
+            settings.idle_timeout.as_secs()
         );
         SqlServerStore {
             pool,
             schema_verified: AtomicBool::new(false),
             last_connect_error,
             logins,
+            silences,
+            identity: std::sync::OnceLock::new(),
             connect_timeout: settings.connect_timeout,
             query_timeout: settings.query_timeout,
             pool_size: settings.pool_size.max(1),
@@ -245,7 +323,12 @@ impl SqlServerStore {
                     String::new()
                 }
             ),
-            Ok(migrate::Migrated::Current) => {}
+            Ok(migrate::Migrated::Current { identity }) => {
+                if let Some(identity) = identity {
+                    // Read with the schema's state: no round trip later.
+                    let _ = self.identity.set(identity);
+                }
+            }
             Ok(migrate::Migrated::Refused { diagnosis, failure }) => {
                 return Err(migrate::verdict(&diagnosis, &failure))
             }
@@ -284,11 +367,29 @@ impl SqlServerStore {
         }
     }
 
+    /// A pooled connection: the first wait of a call (`deadline` `None`) is
+    /// bb8's own (its bound is the whole budget, [`call_budget`]); a later
+    /// one, with less left, waits in a task of its own that the call stops
+    /// waiting for at the deadline: bb8's wait then ends by itself, counted
+    /// and with any connection it got returned to the pool, where dropping
+    /// it half-way would leave it counted as pending.
     async fn checkout(
         &self,
         what: &str,
-    ) -> Result<bb8::PooledConnection<'_, SqlConnectionManager>, StoreError> {
-        match self.pool.get().await {
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<bb8::PooledConnection<'static, SqlConnectionManager>, StoreError> {
+        let budget = call_budget(self.connect_timeout, self.query_timeout);
+        let got = if let Some(deadline) = deadline {
+            let pool = self.pool.clone();
+            let wait = tokio::spawn(async move { pool.get_owned().await });
+            match tokio::time::timeout_at(deadline, wait).await {
+                Ok(Ok(got)) => got,
+                Ok(Err(_)) | Err(_) => Err(bb8::RunError::TimedOut),
+            }
+        } else {
+            self.pool.get_owned().await
+        };
+        match got {
             Ok(conn) => Ok(conn),
             Err(bb8::RunError::User(e)) => Err(StoreError::Transient(format!("{what}: {e}"))),
             Err(bb8::RunError::TimedOut) => {
@@ -297,7 +398,7 @@ impl SqlServerStore {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .clone();
-                Err(classify::pool_timeout(what, self.connect_timeout, last))
+                Err(classify::pool_timeout(what, budget, last))
             }
         }
     }
@@ -436,9 +537,15 @@ async fn identity_on(client: &mut Client) -> Result<String, SqlError> {
         .into_row()
         .await?
         .ok_or_else(|| conversion("StoreIdentity has no row".into()))?;
-    let stored = text(&row, 0, "Id")?;
-    let server = opt_text(&row, 1)?.unwrap_or_default();
-    let database = opt_text(&row, 2)?.unwrap_or_default();
+    identity_of(&row)
+}
+
+/// The store's identity from a row of [`sql::SELECT_IDENTITY`]'s columns
+/// (also the second result set of [`sql::SCHEMA_STATE`]).
+fn identity_of(row: &Row) -> Result<String, SqlError> {
+    let stored = text(row, 0, "Id")?;
+    let server = opt_text(row, 1)?.unwrap_or_default();
+    let database = opt_text(row, 2)?.unwrap_or_default();
     Ok(super::bound_identity(&stored, &[&server, &database]))
 }
 
@@ -535,9 +642,13 @@ impl OrderStore for SqlServerStore {
 
     async fn identity(&self) -> Result<String, StoreError> {
         self.schema_gate("read identity")?;
-        with_client!(self, "read identity", self.query_timeout, |client| {
+        if let Some(identity) = self.identity.get() {
+            return Ok(identity.clone());
+        }
+        let identity = with_client!(self, "read identity", self.query_timeout, |client| {
             identity_on(client)
-        })
+        })?;
+        Ok(self.identity.get_or_init(|| identity).clone())
     }
 
     async fn execute(

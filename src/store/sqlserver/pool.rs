@@ -2,8 +2,8 @@
 //!
 //! Why our own manager (small, on bb8's `ManageConnection`) rather than
 //! `bb8-tiberius`: the login needs a current Entra ID token per
-//! connection, a caller's wait must be bounded by SQL_CONNECT_TIMEOUT_SECONDS
-//! while logins are paced (below),
+//! connection, a caller's wait must be bounded by its call's budget while
+//! logins are paced (below), every socket needs TCP keep-alive,
 //! and a connection interrupted mid-request (query timeout, dropped socket)
 //! must never go back into the pool. Azure SQL's redirect
 //! (`Error::Routing { host, port }`, the default policy inside Azure) is
@@ -16,14 +16,16 @@
 //! and no transaction open); a busy one is not, which saves a round trip per
 //! statement. Recovery after a server restart: idle connections fail their
 //! check and are replaced; a busy one fails its next statement, which is
-//! retried once on another connection and otherwise answered `retry`.
+//! sent again on another connection and otherwise answered `retry`. A
+//! suspicion of a dead network path (`silence.rs`) is settled here, on
+//! checkout. [`MIN_IDLE`] connections are reopened in the background.
 //! Nothing needs a handler restart.
 //!
 //! Logins are the costliest thing a client asks of the server (TCP, TLS,
 //! authentication, session setup), so they are paced: at most
 //! [`LOGINS_AT_ONCE`] per pool, and a login once started is allowed
 //! [`login_budget`] (longer than the caller waits): a caller stops waiting at
-//! SQL_CONNECT_TIMEOUT_SECONDS and its event answers `retry`, but the login
+//! its call's budget and its event answers `retry`, but the login
 //! goes on in bb8's background task and its connection joins the pool for the
 //! next caller. Without both, an overloaded server (or one just restarted)
 //! gets a login per waiting caller, each abandoned at the timeout and started
@@ -39,6 +41,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
+use super::silence::{self, Checkout, Silences};
 use super::sql;
 use crate::entra::TokenSource;
 
@@ -61,14 +64,54 @@ pub struct SqlConnection {
     /// serving went stale in the pool (a server restart cuts them all at
     /// once), one lost before serving says the server is not there.
     pub served: bool,
+    /// When it was opened: one opened before a call started sat in the
+    /// pool (the background keeps [`MIN_IDLE`] there), so losing it says as
+    /// little about the server now as losing one that served.
+    pub opened: Instant,
 }
 
 /// A pooled connection unused for this long is checked on checkout (a
 /// server restart or an idle-timeout on the network path may have cut it).
 pub const CHECK_AFTER_IDLE: Duration = Duration::from_secs(5);
 
+/// How long that check may take: `SELECT @@TRANCOUNT` answers in
+/// milliseconds on a live session, so no answer within this says the path
+/// is dead (a silent drop) or the server saturated, and a new connection is
+/// the better bet either way.
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// TCP keep-alive on every SQL socket: the first probe after this long
+/// without traffic, then every [`KEEPALIVE_INTERVAL`], the connection
+/// reset by the kernel after [`KEEPALIVE_RETRIES`] unanswered: a peer that
+/// vanished without a FIN or RST (a silent drop behind a load balancer) is
+/// found in about 30 s instead of never, and the probes keep a NAT or load
+/// balancer's idle timer (Azure's: 4 minutes) from expiring.
+pub const KEEPALIVE_TIME: Duration = Duration::from_secs(15);
+/// See [`KEEPALIVE_TIME`].
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// See [`KEEPALIVE_TIME`].
+pub const KEEPALIVE_RETRIES: u32 = 3;
+
+/// Longest a request's bytes may go unacknowledged by the server's kernel
+/// (`TCP_USER_TIMEOUT`, Linux) before the kernel resets the connection:
+/// keep-alive covers an idle connection, this one a request or a login in
+/// flight on a path that died (a busy server still acknowledges at once, so
+/// a slow statement or login never meets it). Without it such a login held
+/// a login turn for its whole budget (30 s).
+pub const UNACKNOWLEDGED_LIMIT: Duration = Duration::from_secs(15);
+
 /// Logins in flight per pool, at most.
 pub const LOGINS_AT_ONCE: usize = 2;
+
+/// Idle connections the pool keeps open, reopening them in the background
+/// (bb8's `min_idle`): one, so a pool emptied by an outage starts refilling
+/// the moment the server takes logins again. Not two: measured in the SQL
+/// Server chaos run (seed 42), two doubled the logins of every start (each
+/// new session compiles the procedure on Babelfish, about 0.7 s of CPU),
+/// and with handlers killed and restarted the starts' schema checks missed
+/// their 3 s (attempts 3 614 to 4 096 for 691 deliveries, against 2 044 to
+/// 2 130 before issue 31 and 2 088 with one).
+pub const MIN_IDLE: u32 = 1;
 
 /// How long one login may run once it has its turn: the connect timeout,
 /// but never less than 30 s, so a slow login under load completes (and
@@ -97,6 +140,8 @@ pub enum ConnectError {
     Token(String),
     /// Connecting took longer than the connect timeout.
     Timeout(Duration),
+    /// A pooled connection's check got no answer within [`CHECK_TIMEOUT`].
+    Silent(Duration),
 }
 
 impl fmt::Display for ConnectError {
@@ -107,6 +152,11 @@ impl fmt::Display for ConnectError {
             ConnectError::Timeout(t) => write!(
                 f,
                 "connecting took longer than {} ms (the login budget: SQL_CONNECT_TIMEOUT_SECONDS, at least 30 s)",
+                t.as_millis()
+            ),
+            ConnectError::Silent(t) => write!(
+                f,
+                "a pooled connection did not answer its check within {} ms",
                 t.as_millis()
             ),
         }
@@ -163,6 +213,7 @@ pub struct SqlConnectionManager {
     /// Turns to log in ([`LOGINS_AT_ONCE`]).
     turns: tokio::sync::Semaphore,
     logins: Arc<Logins>,
+    silences: Arc<Silences>,
 }
 
 impl SqlConnectionManager {
@@ -180,7 +231,14 @@ impl SqlConnectionManager {
             last_error: Arc::new(Mutex::new(None)),
             turns: tokio::sync::Semaphore::new(LOGINS_AT_ONCE),
             logins: Arc::new(Logins::default()),
+            silences: Arc::new(Silences::default()),
         }
+    }
+
+    /// The silences seen, shared with the store (the manager itself moves
+    /// into the pool).
+    pub fn silences(&self) -> Arc<Silences> {
+        Arc::clone(&self.silences)
     }
 
     /// The logins in flight, for the store's load (the manager itself moves
@@ -200,6 +258,7 @@ impl SqlConnectionManager {
         // starts with the turn.
         let _turn = self.turns.acquire().await;
         let _running = Counted::enter(&self.logins.running);
+        let started = Instant::now();
         let budget = login_budget(self.connect_timeout);
         let mut config = self.config.clone();
         if let Some(identity) = &self.identity {
@@ -213,7 +272,8 @@ impl SqlConnectionManager {
         // says Encrypt=True; a task turns that into an error, not a crash.
         let task = tokio::spawn(open_following_redirect(config));
         let abort = task.abort_handle();
-        match tokio::time::timeout(budget, task).await {
+        let login = async {
+            match tokio::time::timeout(budget, task).await {
             Err(_) => {
                 abort.abort();
                 Err(ConnectError::Timeout(budget))
@@ -253,6 +313,21 @@ impl SqlConnectionManager {
                 }
             }
         }
+        };
+        // A login whose connection was open when a silent drop was found
+        // is on the dead path too: it would hold its turn for the whole
+        // budget, and with every turn so held no login could replace the
+        // dead connections. It is abandoned, and the next attempt opens a
+        // new connection.
+        tokio::select! {
+            opened = login => opened,
+            () = self.silences.found_dead_since(started) => {
+                abort.abort();
+                Err(ConnectError::Sql(tiberius::error::Error::Protocol(
+                    "login abandoned: its network path was found dead".into(),
+                )))
+            }
+        }
     }
 }
 
@@ -281,6 +356,15 @@ pub async fn open_following_redirect(
 async fn open_once(config: tiberius::Config) -> Result<Client, tiberius::error::Error> {
     let tcp = TcpStream::connect(config.get_addr()).await?;
     tcp.set_nodelay(true)?;
+    // tokio sets keep-alive on or off only; socket2 sets its timings.
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_TIME)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    let socket = socket2::SockRef::from(&tcp);
+    socket.set_tcp_keepalive(&keepalive)?;
+    #[cfg(target_os = "linux")]
+    socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_LIMIT))?;
     tiberius::Client::connect(config, tcp.compat_write()).await
 }
 
@@ -304,6 +388,7 @@ impl bb8::ManageConnection for SqlConnectionManager {
                         broken: false,
                         last_used: Instant::now(),
                         served: false,
+                        opened: Instant::now(),
                     })
                 }
                 Err(e) => {
@@ -327,9 +412,24 @@ impl bb8::ManageConnection for SqlConnectionManager {
                 "connection marked broken".into(),
             )));
         }
-        if conn.last_used.elapsed() < CHECK_AFTER_IDLE {
-            return Ok(());
+        // A suspicion of a dead path (`silence`) decides first: a
+        // connection idle since before it is discarded, or checked now.
+        let decision = silence::on_checkout(conn.last_used, self.silences.latest());
+        match decision {
+            Checkout::Discard => {
+                return Err(ConnectError::Sql(tiberius::error::Error::Protocol(
+                    "idle on a network path since found dead".into(),
+                )))
+            }
+            Checkout::Use if conn.last_used.elapsed() < CHECK_AFTER_IDLE => return Ok(()),
+            Checkout::Use | Checkout::Settle => {}
         }
+        let last_used = conn.last_used;
+        let settle = |answered: bool| {
+            if decision == Checkout::Settle {
+                self.silences.settle(last_used, answered);
+            }
+        };
         conn.broken = true;
         let check = async {
             let row = conn
@@ -340,17 +440,34 @@ impl bb8::ManageConnection for SqlConnectionManager {
                 .await?;
             Ok::<_, tiberius::error::Error>(row.and_then(|r| r.get::<i32, _>(0)))
         };
-        match tokio::time::timeout(self.connect_timeout, check).await {
+        match tokio::time::timeout(CHECK_TIMEOUT, check).await {
             Ok(Ok(Some(0))) => {
+                settle(true);
                 conn.broken = false;
                 conn.last_used = Instant::now();
                 Ok(())
             }
-            Ok(Ok(open)) => Err(ConnectError::Sql(tiberius::error::Error::Protocol(
-                format!("pooled connection has a transaction open (@@TRANCOUNT {open:?})").into(),
-            ))),
+            Ok(Ok(open)) => {
+                settle(true);
+                Err(ConnectError::Sql(tiberius::error::Error::Protocol(
+                    format!("pooled connection has a transaction open (@@TRANCOUNT {open:?})")
+                        .into(),
+                )))
+            }
+            // An error is an answer of sorts (a cut, a killed session): not
+            // a silence, and no verdict on the path.
             Ok(Err(e)) => Err(ConnectError::Sql(e)),
-            Err(_) => Err(ConnectError::Timeout(self.connect_timeout)),
+            // Silent: for the suspicion it was checked for, the path is
+            // dead; otherwise it raises one, which the next connection
+            // idle beside it settles (bb8 checks it next, in this checkout).
+            Err(_) => {
+                if decision == Checkout::Settle {
+                    settle(false);
+                } else {
+                    self.silences.suspect();
+                }
+                Err(ConnectError::Silent(CHECK_TIMEOUT))
+            }
         }
     }
 

@@ -181,11 +181,19 @@ pub const SCHEMA_VERSION: i32 = 4;
 /// transaction, so everything before it is there too), and the highest
 /// version this user sees (0: none, or SchemaVersion not visible to it).
 /// A start, a restart or a scale-out then costs one query instead of
-/// queueing on the migration's lock. P1 the version.
+/// queueing on the migration's lock. In the same round trip, when the
+/// schema is current (so `StoreIdentity` is there, readable by whoever may
+/// read `SchemaVersion`: the same role grants both), the store's identity
+/// as [`SELECT_IDENTITY`] reads it (a second result set), so the first
+/// completed order of a new instance need not ask. P1 the version.
 pub const SCHEMA_STATE: &str = "IF OBJECT_ID(N'dbo.SchemaVersion', N'U') IS NULL \
      SELECT 0 AS IsCurrent, 0 AS Version \
      ELSE SELECT (SELECT COUNT(*) FROM dbo.SchemaVersion WHERE Version = @P1) AS IsCurrent, \
-     (SELECT ISNULL(MAX(Version), 0) FROM dbo.SchemaVersion) AS Version";
+     (SELECT ISNULL(MAX(Version), 0) FROM dbo.SchemaVersion) AS Version; \
+     IF OBJECT_ID(N'dbo.SchemaVersion', N'U') IS NOT NULL \
+     IF EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = @P1) \
+     SELECT TOP 1 Id, CONVERT(NVARCHAR(256), @@SERVERNAME) AS ServerName, \
+     CONVERT(NVARCHAR(256), DB_NAME()) AS DatabaseName FROM dbo.StoreIdentity";
 
 /// One batch of the version 2 → 3 conversion of positions, its own
 /// transaction (autocommit): at most P1 rows not converted yet (`Units IS
