@@ -280,11 +280,24 @@ impl Dispatcher {
     pub async fn run(self: Arc<Self>) {
         let wake = Arc::clone(&self.announcer.0);
         let mut next_purge = tokio::time::Instant::now();
+        // A store that cannot be used (down, or its schema not verified
+        // yet) is said once, and its return once, not every poll.
+        let mut failing = false;
         loop {
-            if let Err(e) = self.drain().await {
-                log::warn!(
-                    "outbox: dispatch round failed ({e}); the rows stay and are tried again"
-                );
+            match self.drain().await {
+                Err(e) if !failing => {
+                    failing = true;
+                    log::warn!(
+                        "outbox: dispatch round failed ({e}); the rows stay and are tried again every {} s",
+                        self.settings.poll.as_secs()
+                    );
+                }
+                Err(e) => log::debug!("outbox: dispatch round failed again ({e})"),
+                Ok(_) if failing => {
+                    failing = false;
+                    log::info!("outbox: dispatch rounds work again");
+                }
+                Ok(_) => {}
             }
             if tokio::time::Instant::now() >= next_purge {
                 match self.purge().await {
