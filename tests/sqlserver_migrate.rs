@@ -380,7 +380,15 @@ async fn a_held_migration_lock_makes_migrate_fail_clearly_and_change_nothing() {
     match store.upgrade().await {
         Err(StoreError::Transient(m)) => {
             assert!(m.contains("was not granted (result -1"), "{m}");
-            assert!(m.contains("more than 1500 ms"), "{m}");
+            // Three quarters of the 2 s bound at most, of what was left
+            // after the login and the schema's state: under load, less.
+            let waited: u64 = m
+                .split("more than ")
+                .nth(1)
+                .and_then(|t| t.split(" ms").next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no wait in {m}"));
+            assert!((1..=1500).contains(&waited), "{m}");
             assert!(m.contains("nothing was changed"), "{m}");
         }
         other => panic!("want the refused lock, got {other:?}"),

@@ -33,8 +33,13 @@ use crate::store::StoreError;
 /// How one migration is bounded (its overall time is the caller's).
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
-    /// How long the server may wait for another process's migration lock.
+    /// How long the server may wait for another process's migration lock,
+    /// at most: never more than three quarters of what is left before
+    /// `deadline` when the lock is asked for, so a refusal is answered
+    /// inside the bound however long the login and the first query took.
     pub lock_wait: Duration,
+    /// When the migration's bound ends.
+    pub deadline: tokio::time::Instant,
     /// Rows converted per batch (each its own transaction).
     pub batch_rows: u32,
 }
@@ -48,7 +53,7 @@ pub enum Migrated {
     /// This call migrated it, converting this many position rows.
     Done { converted: u64 },
     /// `sp_getapplock` refused the lock with this result (nothing done).
-    LockRefused(i32),
+    LockRefused(i32, Duration),
     /// This user may not migrate (`failure`, a deployment fault; its first
     /// transaction rolled back), and what it can see ([`verdict`] says why).
     Refused {
@@ -114,11 +119,12 @@ pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated
             identity: state.identity,
         });
     }
-    let lock_wait = i32::try_from(bounds.lock_wait.as_millis()).unwrap_or(i32::MAX);
-    let granted = last_int(client, sql::LOCK_SCHEMA, lock_wait).await?;
+    let wait = lock_wait(bounds, tokio::time::Instant::now());
+    let millis = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+    let granted = last_int(client, sql::LOCK_SCHEMA, millis).await?;
     match granted {
         Some(r) if r >= 0 => {}
-        Some(r) => return Ok(Migrated::LockRefused(r)),
+        Some(r) => return Ok(Migrated::LockRefused(r, wait)),
         None => {
             return Err(SqlError::Protocol(
                 "sp_getapplock answered no result".into(),
@@ -208,6 +214,14 @@ async fn convert_positions(client: &mut Client, batch_rows: u32) -> Result<u64, 
 
 /// Why `sp_getapplock` refused the lock (its documented results), and
 /// what to do.
+/// How long the server may wait for the lock, asked at `now`: the cap, or
+/// three quarters of what is left of the bound, whichever is shorter.
+pub fn lock_wait(bounds: &Bounds, now: tokio::time::Instant) -> Duration {
+    bounds
+        .lock_wait
+        .min(bounds.deadline.saturating_duration_since(now) * 3 / 4)
+}
+
 pub fn lock_refused(result: i32, waited: Duration) -> String {
     let why = match result {
         -1 => format!(
@@ -290,6 +304,26 @@ pub fn verdict(d: &Diagnosis, failure: &StoreError) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lock_wait_leaves_the_bound_room_to_answer() {
+        let now = tokio::time::Instant::now();
+        let bounds = |left_ms: u64| Bounds {
+            lock_wait: Duration::from_millis(1500),
+            deadline: now + Duration::from_millis(left_ms),
+            batch_rows: 1,
+        };
+        // The whole bound left: the cap.
+        assert_eq!(lock_wait(&bounds(2000), now), Duration::from_millis(1500));
+        // A slow login took 800 ms of it: three quarters of the rest.
+        assert_eq!(lock_wait(&bounds(1200), now), Duration::from_millis(900));
+        // Nothing left: no wait at all (the lock is tried once).
+        assert_eq!(lock_wait(&bounds(0), now), Duration::ZERO);
+        assert_eq!(
+            lock_wait(&bounds(100), now + Duration::from_secs(1)),
+            Duration::ZERO
+        );
+    }
     use crate::store::sqlserver::rights::MissingRight;
 
     fn diagnosis(version: i32, hidden: bool, missing: &[(&str, &str)]) -> Diagnosis {

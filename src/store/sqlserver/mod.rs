@@ -302,17 +302,15 @@ impl SqlServerStore {
     ) -> Result<(), StoreError> {
         let bounds = migrate::Bounds {
             lock_wait: bound * 3 / 4,
+            deadline: tokio::time::Instant::now() + bound,
             batch_rows: self.migrate_batch_rows,
         };
         let done = with_client!(self, "migrate", bound, |client| migrate::migrate_on(
             client, &bounds
         ));
         match done {
-            Ok(migrate::Migrated::LockRefused(result)) => {
-                return Err(StoreError::Transient(migrate::lock_refused(
-                    result,
-                    bounds.lock_wait,
-                )))
+            Ok(migrate::Migrated::LockRefused(result, waited)) => {
+                return Err(StoreError::Transient(migrate::lock_refused(result, waited)))
             }
             Ok(migrate::Migrated::Done { converted }) => log::info!(
                 "SQL Server schema migrated to version {}{}",
