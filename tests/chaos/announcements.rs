@@ -93,6 +93,26 @@ pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> Announce
     a
 }
 
+/// `order-guard <args>` with the handlers' settings but no fault points
+/// (the operator's commands are not under test here).
+fn outbox_command(
+    binary: &Path,
+    env: &[(String, String)],
+    app_root: &Path,
+    args: &[&str],
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(binary);
+    cmd.args(args)
+        .kill_on_drop(true)
+        .current_dir(app_root)
+        .env_remove("FAILPOINTS")
+        .env("RUST_LOG", "warn");
+    for (k, v) in env.iter().filter(|(k, _)| k != "FAILPOINTS") {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
 /// With the handlers still running and the faults over: how long their
 /// own dispatchers take to send everything but what the destination
 /// refused for good (parked, left for the operator), polled through
@@ -106,16 +126,7 @@ pub(crate) async fn wait_self_dispatched(
 ) -> Duration {
     let started = Instant::now();
     loop {
-        let mut cmd = tokio::process::Command::new(binary);
-        cmd.args(["outbox", "list"])
-            .kill_on_drop(true)
-            .current_dir(app_root)
-            .env_remove("FAILPOINTS")
-            .env("RUST_LOG", "warn");
-        for (k, v) in env.iter().filter(|(k, _)| k != "FAILPOINTS") {
-            cmd.env(k, v);
-        }
-        let out = cmd
+        let out = outbox_command(binary, env, app_root, &["outbox", "list"])
             .output()
             .await
             .expect("cannot run order-guard outbox list");
@@ -153,15 +164,7 @@ pub(crate) async fn dispatch_until_done(
 ) -> (Duration, u64) {
     let started = Instant::now();
     let run = |args: &'static [&'static str]| {
-        let mut cmd = tokio::process::Command::new(binary);
-        cmd.args(args)
-            .kill_on_drop(true)
-            .current_dir(app_root)
-            .env_remove("FAILPOINTS")
-            .env("RUST_LOG", "warn");
-        for (k, v) in env.iter().filter(|(k, _)| k != "FAILPOINTS") {
-            cmd.env(k, v);
-        }
+        let mut cmd = outbox_command(binary, env, app_root, args);
         async move {
             let out = cmd.output().await.expect("cannot run order-guard outbox");
             let text = format!(
