@@ -230,20 +230,37 @@ async fn build_processor_as(
         // try (the host allows 30 s to start), then keep trying in the
         // background. Until it succeeds, invocations answer `retry`.
         (StoreConfig::SqlServer { .. }, Start::Serve) => {
-            let first = tokio::time::timeout(SQLSERVER_MIGRATE_AT_START, store.migrate()).await;
-            let first_error = match first {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) if refuses_start(&e, start) => {
-                    return Err(e).context("the SQL Server store cannot be used");
+            // The check runs in a task of its own: when the start stops
+            // waiting for it, it goes on (within its own bound) instead of
+            // being abandoned half-way and begun again on a new session.
+            let mut first = tokio::spawn({
+                let store = Arc::clone(&store);
+                async move { store.migrate().await }
+            });
+            match tokio::time::timeout(SQLSERVER_MIGRATE_AT_START, &mut first).await {
+                Ok(checked) => match checked.unwrap_or_else(|e| Err(check_task_failed(&e))) {
+                    Ok(()) => {}
+                    Err(e) if refuses_start(&e, start) => {
+                        return Err(e).context("the SQL Server store cannot be used");
+                    }
+                    Err(e) => {
+                        background = Some(migrate_in_background(
+                            Arc::clone(&store),
+                            e.to_string(),
+                            None,
+                        ))
+                    }
+                },
+                Err(_) => {
+                    background = Some(migrate_in_background(
+                        Arc::clone(&store),
+                        format!(
+                            "no answer within {} s; the check goes on",
+                            SQLSERVER_MIGRATE_AT_START.as_secs()
+                        ),
+                        Some(first),
+                    ))
                 }
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some(format!(
-                    "no answer within {} s",
-                    SQLSERVER_MIGRATE_AT_START.as_secs()
-                )),
-            };
-            if let Some(first_error) = first_error {
-                background = Some(migrate_in_background(Arc::clone(&store), first_error));
             }
         }
     }
@@ -301,7 +318,16 @@ const SQLSERVER_MIGRATE_AT_START: Duration = Duration::from_secs(3);
 /// 500 ms, then every second): every order waits on the gate, so a database
 /// that comes back must be found within a second, and an attempt costs one
 /// connection's worth of work (the pool's own logins are paced apart).
-fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) -> GiveUp {
+///
+/// `in_flight`: the start's own check, still running, is awaited first (on
+/// this engine and under load a new session's first statements take the
+/// longest: begun again from zero after each timeout, a check may never
+/// finish).
+fn migrate_in_background(
+    store: Arc<dyn OrderStore>,
+    first_error: String,
+    in_flight: Option<tokio::task::JoinHandle<Result<(), crate::store::StoreError>>>,
+) -> GiveUp {
     use crate::store::sqlserver::pool::reconnect_pause;
     log::error!(
         "{} schema not checked at start ({first_error}); retrying in the background, and invocations answer `retry` until it succeeds",
@@ -309,9 +335,16 @@ fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) -> Giv
     );
     tokio::spawn(async move {
         let mut failures = 0;
+        let mut in_flight = in_flight;
         loop {
-            tokio::time::sleep(reconnect_pause(failures)).await;
-            match store.migrate().await {
+            let checked = match in_flight.take() {
+                Some(first) => first.await.unwrap_or_else(|e| Err(check_task_failed(&e))),
+                None => {
+                    tokio::time::sleep(reconnect_pause(failures)).await;
+                    store.migrate().await
+                }
+            };
+            match checked {
                 Ok(()) => {
                     log::info!("{} schema is up to date", store.name());
                     return std::future::pending().await;
@@ -326,6 +359,11 @@ fn migrate_in_background(store: Arc<dyn OrderStore>, first_error: String) -> Giv
             failures = failures.saturating_add(1);
         }
     })
+}
+
+/// A schema check whose task panicked or was cancelled: tried again.
+fn check_task_failed(e: &tokio::task::JoinError) -> crate::store::StoreError {
+    crate::store::StoreError::Transient(format!("the schema check stopped: {e}"))
 }
 
 /// `migrate`, retrying transient failures with back-off for a bounded time.

@@ -15,6 +15,9 @@ pub(crate) struct Tally {
     pub(crate) dead_lettered: AtomicU64,
     /// `executed` answers per order: more than one would be a double execution.
     pub(crate) executed_answers: Mutex<HashMap<usize, u32>>,
+    /// When each `executed` answer came back: the recovery after each store
+    /// fault is read from these.
+    pub(crate) executed_at: Mutex<Vec<Instant>>,
     /// Acknowledged conflict / poison deliveries per event.
     pub(crate) conflict_acks: Mutex<HashMap<usize, i64>>,
     pub(crate) poison_acks: Mutex<HashMap<usize, i64>>,
@@ -214,6 +217,7 @@ impl Driver {
                         .unwrap()
                         .entry(i)
                         .or_default() += 1;
+                    self.tally.executed_at.lock().unwrap().push(Instant::now());
                 }
                 (Expect::Order(i), "duplicate") => {
                     self.tally

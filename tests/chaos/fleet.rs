@@ -61,6 +61,11 @@ pub(crate) struct FleetStats {
     pub(crate) kills: AtomicU64,
     /// Processes that aborted at a crash fault point.
     pub(crate) crashes: AtomicU64,
+    /// Crashes the run may have: once spent, handlers start with their
+    /// crash fault points disarmed. Fault points run on failed calls too,
+    /// so without a budget the crashes would grow with the failures a
+    /// store fault causes, and a slower store would meet more of them.
+    pub(crate) crash_budget: AtomicU64,
     /// Processes that exited any other way (each is a finding).
     pub(crate) other_exits: AtomicU64,
     /// Starts that did not become ready (the host would count these).
@@ -108,7 +113,13 @@ pub(crate) async fn supervise(
         }
         incarnation += 1;
         let log = dir.join(format!("handler{slot}-{incarnation:04}.log"));
-        let mut child = common::spawn_handler(&binary, &env, &log);
+        let spent =
+            stats.crashes.load(Ordering::Relaxed) >= stats.crash_budget.load(Ordering::Relaxed);
+        let mut child = if spent {
+            common::spawn_handler(&binary, &without_crashes(&env), &log)
+        } else {
+            common::spawn_handler(&binary, &env, &log)
+        };
         stats.starts.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = common::wait_ready(port, &mut child, Duration::from_secs(30)).await {
             let _ = child.start_kill();
@@ -199,6 +210,41 @@ pub(crate) async fn supervise(
     }
 }
 
+/// The crash budget of a run of `n` orders: the same for every store.
+pub(crate) fn crash_budget(n: usize) -> u64 {
+    (n as u64 / 30).max(4)
+}
+
+/// `env` with every crash action of `FAILPOINTS` taken out (a fault point
+/// left with none is `off`); its other actions stay.
+pub(crate) fn without_crashes(env: &[(String, String)]) -> Vec<(String, String)> {
+    env.iter()
+        .map(|(k, v)| {
+            if k != "FAILPOINTS" {
+                return (k.clone(), v.clone());
+            }
+            let points: Vec<String> = v
+                .split(';')
+                .filter(|p| !p.trim().is_empty())
+                .map(|p| {
+                    let (name, actions) = p.split_once('=').expect("FAILPOINTS is name=actions;…");
+                    let kept: Vec<&str> = actions
+                        .split("->")
+                        .filter(|a| !a.contains("return(crash)"))
+                        .collect();
+                    let kept = if kept.is_empty() {
+                        "off".to_string()
+                    } else {
+                        kept.join("->")
+                    };
+                    format!("{}={kept}", name.trim())
+                })
+                .collect();
+            (k.clone(), points.join(";"))
+        })
+        .collect()
+}
+
 /// Did the process abort at a crash fault point (SIGABRT, and it said so)?
 pub(crate) fn crashed_at_fault_point(
     status: &std::io::Result<std::process::ExitStatus>,
@@ -218,4 +264,24 @@ pub(crate) fn log_tail(log: &Path, lines: usize) -> String {
     let text = log_text_now(log);
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_crashes_keeps_every_other_fault() {
+        let env = vec![
+            ("RUST_LOG".to_string(), "info".to_string()),
+            (
+                "FAILPOINTS".to_string(),
+                "a=0.8%return(crash)->1%return(error);b=1%return(crash);c=2%return(503)"
+                    .to_string(),
+            ),
+        ];
+        let out = without_crashes(&env);
+        assert_eq!(out[0], env[0]);
+        assert_eq!(out[1].1, "a=1%return(error);b=off;c=2%return(503)");
+    }
 }

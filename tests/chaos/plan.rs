@@ -263,8 +263,10 @@ pub(crate) fn poison_event(
     )
 }
 
-pub(crate) fn plan(rng: &mut StdRng, n: usize, run: &str) -> Plan {
-    let spread = Duration::from_millis((n as u64 * 20).max(10_000));
+/// The plan of `n` orders, spread over at least `min_spread` (room for the
+/// store faults' slots).
+pub(crate) fn plan(rng: &mut StdRng, n: usize, run: &str, min_spread: Duration) -> Plan {
+    let spread = Duration::from_millis((n as u64 * 20).max(10_000)).max(min_spread);
     let spread_ms = spread.as_millis() as u64;
     let mut orders = Vec::with_capacity(n);
     let mut deliveries = Vec::new();

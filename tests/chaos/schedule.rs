@@ -143,6 +143,8 @@ pub(crate) struct ChaosStats {
     pub(crate) failovers: AtomicU64,
     pub(crate) queue_outages: AtomicU64,
     pub(crate) failover: Mutex<Option<FailoverReport>>,
+    /// Every database outage and engine restart, with when the store was back.
+    pub(crate) store_faults: Mutex<Vec<StoreFault>>,
 }
 
 /// What one master failover did to the guard's keys.
@@ -186,6 +188,28 @@ impl Cache {
     }
 }
 
+/// How many store faults (database outages, engine restarts) a run of `n`
+/// orders meets.
+pub(crate) fn store_fault_count(n: usize, engine_restarts: bool) -> usize {
+    (n / 250).max(2) + if engine_restarts { (n / 250).max(1) } else { 0 }
+}
+
+/// Each store fault gets a slot of its own at least this long: the quiet
+/// before it, the fault (an engine restart takes a few seconds) and the
+/// recovery after it.
+pub(crate) const STORE_FAULT_SLOT: Duration = Duration::from_secs(10);
+
+/// The shortest spread of deliveries that gives every store fault its slot
+/// in the middle 80 % of the run.
+pub(crate) fn min_spread(store_faults: usize) -> Duration {
+    (STORE_FAULT_SLOT * store_faults as u32).mul_f64(1.0 / 0.8)
+}
+
+/// The schedule. Store faults are spaced, one to a slot of the middle of the
+/// run; every other fault keeps clear of them ([`QUIET_BEFORE`],
+/// [`QUIET_AFTER`]), so each store fault is followed by a recovery that is
+/// the store's alone and the summary can measure it, the same way for every
+/// store.
 pub(crate) fn chaos_plan(
     rng: &mut StdRng,
     n: usize,
@@ -193,48 +217,85 @@ pub(crate) fn chaos_plan(
     engine_restarts: bool,
     cluster: bool,
 ) -> Vec<(Duration, Action)> {
-    let mut actions = Vec::new();
-    for _ in 0..(n / 40).max(3) {
-        actions.push(Action::Kill(rng.gen_range(0..HANDLERS)));
-    }
-    if !cluster {
-        for _ in 0..(n / 250).max(2) {
-            actions.push(Action::RedisRestart);
-        }
-        for _ in 0..(n / 400).max(1) {
-            actions.push(Action::RedisFlush);
-        }
-        for _ in 0..(n / 400).max(1) {
-            actions.push(Action::RedisPause(Duration::from_millis(
-                rng.gen_range(500..=1500),
-            )));
-        }
-    }
+    let mut store = Vec::new();
     for _ in 0..(n / 250).max(2) {
-        actions.push(Action::DbOutage(Duration::from_millis(
+        store.push(Action::DbOutage(Duration::from_millis(
             rng.gen_range(800..=1600),
         )));
     }
     if engine_restarts {
         for _ in 0..(n / 250).max(1) {
-            actions.push(Action::EngineRestart);
+            store.push(Action::EngineRestart);
+        }
+    }
+    debug_assert_eq!(store.len(), store_fault_count(n, engine_restarts));
+    store.shuffle(rng);
+    let (first, last) = (spread.mul_f64(0.1), spread.mul_f64(0.9));
+    let slot = (last - first) / store.len() as u32;
+    let mut timed: Vec<(Duration, Action)> = store
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let at = first + slot * i as u32 + QUIET_BEFORE + slot.mul_f64(rng.gen_range(0.0..0.1));
+            (at, a)
+        })
+        .collect();
+    let quiet: Vec<(Duration, Duration)> = timed
+        .iter()
+        .map(|(at, a)| {
+            let nominal = match a {
+                Action::DbOutage(hold) => *hold,
+                // A stop and a start of the engine: a few seconds here.
+                _ => Duration::from_secs(4),
+            };
+            (at.saturating_sub(QUIET_BEFORE), *at + nominal + QUIET_AFTER)
+        })
+        .collect();
+
+    let mut others = Vec::new();
+    for _ in 0..(n / 40).max(3) {
+        others.push(Action::Kill(rng.gen_range(0..HANDLERS)));
+    }
+    if !cluster {
+        for _ in 0..(n / 250).max(2) {
+            others.push(Action::RedisRestart);
+        }
+        for _ in 0..(n / 400).max(1) {
+            others.push(Action::RedisFlush);
+        }
+        for _ in 0..(n / 400).max(1) {
+            others.push(Action::RedisPause(Duration::from_millis(
+                rng.gen_range(500..=1500),
+            )));
         }
     }
     for _ in 0..(n / 250).max(2) {
-        actions.push(Action::QueueOutage(Duration::from_millis(
+        others.push(Action::QueueOutage(Duration::from_millis(
             rng.gen_range(800..=2500),
         )));
     }
-    let mut timed: Vec<(Duration, Action)> = actions
-        .into_iter()
-        .map(|a| (spread.mul_f64(rng.gen_range(0.05..0.8)), a))
-        .collect();
     if cluster {
         // Mid-run: many orders completed before it, many redeliveries after.
-        timed.push((
-            spread.mul_f64(rng.gen_range(0.35..0.5)),
-            Action::MasterFailover,
-        ));
+        others.push(Action::MasterFailover);
+    }
+    for a in others {
+        let range = if matches!(a, Action::MasterFailover) {
+            0.35..0.5
+        } else {
+            0.05..0.8
+        };
+        // Anywhere in its range outside the store faults' quiet windows
+        // (a fault of its own lasts up to a few seconds as well).
+        let clear = |at: Duration| {
+            quiet
+                .iter()
+                .all(|(from, to)| at + Duration::from_secs(3) < *from || at > *to)
+        };
+        let at = (0..1000)
+            .map(|_| spread.mul_f64(rng.gen_range(range.clone())))
+            .find(|at| clear(*at))
+            .unwrap_or_else(|| spread.mul_f64(rng.gen_range(range)));
+        timed.push((at, a));
     }
     timed.sort_by_key(|(t, _)| *t);
     timed
@@ -289,6 +350,7 @@ pub(crate) async fn run_chaos(
                 stats.redis_pauses.fetch_add(1, Ordering::Relaxed);
             }
             Action::DbOutage(hold) => {
+                let started = Instant::now();
                 match db.as_ref() {
                     Db::Sqlite(path) => {
                         let path = path.clone();
@@ -307,6 +369,11 @@ pub(crate) async fn run_chaos(
                     }
                     Db::SqlServer { proxy, .. } => proxy.outage(hold).await,
                 }
+                stats.store_faults.lock().unwrap().push(StoreFault {
+                    kind: "db_outage",
+                    started,
+                    back: Instant::now(),
+                });
                 stats.db_outages.fetch_add(1, Ordering::Relaxed);
             }
             Action::QueueOutage(hold) => {
@@ -357,12 +424,19 @@ pub(crate) async fn run_chaos(
                 } = db.as_ref()
                 {
                     let (engine, database) = (Arc::clone(engine), database.clone());
+                    let started = Instant::now();
+                    // `start` returns once the engine accepts logins.
                     tokio::task::spawn_blocking(move || {
                         engine.command(&["stop"]);
                         engine.command(&["start", "--database", &database]);
                     })
                     .await
                     .expect("restarting the T-SQL engine");
+                    stats.store_faults.lock().unwrap().push(StoreFault {
+                        kind: "engine_restart",
+                        started,
+                        back: Instant::now(),
+                    });
                     stats.engine_restarts.fetch_add(1, Ordering::Relaxed);
                 }
             }
