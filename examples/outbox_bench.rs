@@ -10,29 +10,43 @@
 //!   dispatcher, against the destination's ceiling: the same messages sent
 //!   by the same client, eight in flight, with no store;
 //! - **cost**: first deliveries through the processor with dispatch on and
-//!   off, interleaved rounds at concurrency 1 and 16, medians of the rates;
-//!   target: within 10 %;
+//!   off, interleaved rounds at concurrency 1 and 16, medians of the rates,
+//!   and latencies at a steady 500 orders/s; target: within 10 %; against
+//!   the queue (one request a message) and against an Event Grid topic
+//!   (the tests' contract endpoint, `tests/common/event_grid.rs`, on a
+//!   thread of its own on the other CPU: one request a round);
 //! - **a million rows**: first-delivery rate with an empty outbox and
-//!   with a million dispatched rows past the retention in it, then the
-//!   retention purging them in its 500-row batches while orders execute.
+//!   with a million dispatched rows past the retention in it, `status`'s
+//!   counts over them, then the retention purging them in its 500-row
+//!   batches while orders execute; on SQLite, and on SQL Server too when
+//!   `ORDER_GUARD_TEST_MSSQL` is set (`BENCH_OUTBOX_MSSQL_ROWS` rows,
+//!   default a million).
 //!
 //! ```sh
 //! scripts/ensure-azurite.sh
 //! cargo run --release --example outbox_bench -- [ORDERS]
 //! ```
 
+#[path = "../tests/common/event_grid.rs"]
+#[allow(dead_code)]
+mod event_grid;
+
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use order_guard::deadletter::storage::{parse_storage_of, Service, EMULATOR_ACCOUNT, EMULATOR_KEY};
+use order_guard::deadletter::storage::{
+    parse_storage_of, Secret, Service, EMULATOR_ACCOUNT, EMULATOR_KEY,
+};
 use order_guard::guard::{GuardSettings, MemoryGuard};
 use order_guard::outbox::{
-    Destination, DispatchSettings, Dispatcher, Encoding, QueueDestination, QueueSettings,
+    Destination, DispatchSettings, Dispatcher, Encoding, QueueDestination, QueueSettings, Schema,
+    TopicAuth, TopicDestination, TopicSettings,
 };
 use order_guard::processor::{OutcomeKind, Processor, ProcessorSettings};
-use order_guard::store::{OrderStore, SqliteStore};
+use order_guard::store::sqlserver::SqlServerSettings;
+use order_guard::store::{OrderStore, SqlServerStore, SqliteStore};
 use serde_json::json;
 
 fn unique(tag: &str) -> String {
@@ -161,6 +175,46 @@ impl Drop for QueueService {
     }
 }
 
+/// The tests' Event Grid contract endpoint, served by a thread of its own
+/// on the other CPU (as Azurite is): the endpoint's CPU is not the outbox's.
+struct TopicOnItsOwnCpu {
+    endpoint: String,
+    key: String,
+}
+
+impl TopicOnItsOwnCpu {
+    fn start() -> anyhow::Result<TopicOnItsOwnCpu> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = pinned_cpus().map(|(_, other)| other);
+        std::thread::Builder::new()
+            .name("topic-endpoint".into())
+            .spawn(move || {
+                if let Some(cpu) = other {
+                    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
+                    unsafe {
+                        let mut set: libc::cpu_set_t = std::mem::zeroed();
+                        libc::CPU_SET(cpu, &mut set);
+                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                    }
+                }
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("the endpoint's runtime");
+                rt.block_on(async {
+                    let topic = event_grid::EventGridTopic::start("bench-key", false).await;
+                    let _ = tx.send((topic.endpoint(), topic.key().to_string()));
+                    // Served until the process ends.
+                    std::future::pending::<()>().await;
+                });
+            })?;
+        let (endpoint, key) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .context("the topic endpoint did not start")?;
+        Ok(TopicOnItsOwnCpu { endpoint, key })
+    }
+}
+
 fn httpdate() -> String {
     let now = time::OffsetDateTime::now_utc();
     format!(
@@ -208,18 +262,18 @@ struct Setup {
 }
 
 /// A fresh SQLite file on the working tree's disk, a memory guard, and a
-/// dispatcher to `queue` (running) or none.
-async fn setup(queue: Option<QueueSettings>) -> anyhow::Result<Setup> {
+/// dispatcher to `destination` (running) or none.
+async fn setup(destination: Option<Destination>) -> anyhow::Result<Setup> {
     let parent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
     std::fs::create_dir_all(&parent)?;
     let dir = tempfile::tempdir_in(parent)?;
     let path = dir.path().join("orders.db");
     let store = Arc::new(SqliteStore::open(&path, Duration::from_secs(5))?);
     store.migrate().await?;
-    let dispatcher = queue.map(|q| {
+    let dispatcher = destination.map(|d| {
         Arc::new(Dispatcher::new(
             Arc::clone(&store) as Arc<dyn OrderStore>,
-            Destination::Queue(QueueDestination::new(q)),
+            d,
             DispatchSettings::default(),
         ))
     });
@@ -316,7 +370,10 @@ async fn until_dispatched(store: &SqliteStore, bound: Duration) -> anyhow::Resul
 
 async fn latency(queue: &QueueService, n: usize) -> anyhow::Result<()> {
     queue.create_queue("latency").await?;
-    let s = setup(Some(queue.settings("latency")?)).await?;
+    let s = setup(Some(Destination::Queue(QueueDestination::new(
+        queue.settings("latency")?,
+    ))))
+    .await?;
     for _ in 0..n {
         first_deliveries(&s.processor, 1, 1).await?;
         // One order at a time, as a quiet stream arrives: each dispatch
@@ -401,9 +458,14 @@ async fn throughput(queue: &QueueService, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn cost(queue: &QueueService, n: usize, rounds: usize) -> anyhow::Result<()> {
-    queue.create_queue("cost").await?;
-    let on = setup(Some(queue.settings("cost")?)).await?;
+/// First deliveries with dispatch to `destination` (`label`) on and off.
+async fn cost(
+    label: &str,
+    destination: Destination,
+    n: usize,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let on = setup(Some(destination)).await?;
     let off = setup(None).await?;
     for concurrency in [1usize, 16] {
         let (mut with, mut without) = (Vec::new(), Vec::new());
@@ -434,7 +496,7 @@ async fn cost(queue: &QueueService, n: usize, rounds: usize) -> anyhow::Result<(
         let change = 100.0 * (wo - w) / wo;
         let per = |cpu: Duration| cpu.as_secs_f64() * 1e6 / (rounds * n) as f64;
         println!(
-            "first deliveries with dispatch on / off (sqlite, c={concurrency}, {rounds} interleaved rounds of {n}): {w:.0} / {wo:.0} events/s, {change:+.1} % ({}); CPU per order {:.0} / {:.0} µs",
+            "first deliveries with dispatch on / off (sqlite, {label}, c={concurrency}, {rounds} interleaved rounds of {n}): {w:.0} / {wo:.0} events/s, {change:+.1} % ({}); CPU per order {:.0} / {:.0} µs",
             if change <= 10.0 { "within the 10 % target" } else { "MISSES the 10 % target" },
             per(cpu_with),
             per(cpu_without)
@@ -464,7 +526,7 @@ async fn cost(queue: &QueueService, n: usize, rounds: usize) -> anyhow::Result<(
     without.sort_by(f64::total_cmp);
     let (w50, wo50) = (percentile(&with, 0.5), percentile(&without, 0.5));
     println!(
-        "first-delivery latency at {rate:.0} orders/s, dispatch on / off (sqlite, 2000 orders each): p50 {w50:.2} / {wo50:.2} ms ({:+.1} %), p99 {:.2} / {:.2} ms",
+        "first-delivery latency at {rate:.0} orders/s, dispatch on / off (sqlite, {label}, 2000 orders each): p50 {w50:.2} / {wo50:.2} ms ({:+.1} %), p99 {:.2} / {:.2} ms",
         100.0 * (w50 - wo50) / wo50,
         percentile(&with, 0.99),
         percentile(&without, 0.99)
@@ -474,14 +536,71 @@ async fn cost(queue: &QueueService, n: usize, rounds: usize) -> anyhow::Result<(
     Ok(())
 }
 
-async fn million(n: usize, rows: usize) -> anyhow::Result<()> {
-    let s = setup(None).await?;
-    let before = first_deliveries(&s.processor, n, 16).await?;
-    // A million announcements dispatched eight days ago, straight into
-    // the file (as a week of production would leave them).
+/// First deliveries (c=16) with an empty outbox and after `fill` put
+/// `rows` dispatched rows past the retention in it (as a week of
+/// production would leave them), `status`'s counts over them, then the
+/// retention purging them in its batches while orders execute.
+async fn million_rows(
+    label: &str,
+    store: Arc<dyn OrderStore>,
+    processor: &Arc<Processor>,
+    n: usize,
+    rows: usize,
+    fill: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    // Warmed first: a new SQL Server session's first statements are its
+    // slowest (on the engine, compiled per session).
+    first_deliveries(processor, n, 16).await?;
+    let before = first_deliveries(processor, n, 16).await?;
     let started = Instant::now();
-    {
-        let mut conn = rusqlite::Connection::open(&s.path)?;
+    fill.await?;
+    println!(
+        "outbox ({label}): {rows} dispatched rows past the retention written in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let counted = Instant::now();
+    let counts = store.outbox_counts().await?;
+    println!(
+        "outbox ({label}): `status`'s counts over {} rows in {:.0} ms (a full scan)",
+        counts.dispatched + counts.undispatched,
+        counted.elapsed().as_secs_f64() * 1e3
+    );
+    let with_rows = first_deliveries(processor, n, 16).await?;
+    println!(
+        "first deliveries ({label}, c=16, {n} orders) with an empty outbox / with {rows} rows in it: {before:.0} / {with_rows:.0} events/s ({:+.1} %)",
+        100.0 * (with_rows - before) / before
+    );
+    let purger = Dispatcher::new(
+        Arc::clone(&store),
+        Destination::Queue(QueueDestination::new(QueueSettings {
+            storage: parse_storage_of("UseDevelopmentStorage=true", Service::Queue)
+                .map_err(anyhow::Error::msg)?,
+            queue: "unused".into(),
+            encoding: Encoding::Base64,
+        })),
+        DispatchSettings::default(),
+    );
+    let started = Instant::now();
+    let (purged, during) = tokio::join!(purger.purge(), first_deliveries(processor, n, 16));
+    let took = started.elapsed();
+    let purged = purged?;
+    if purged as usize != rows {
+        bail!("purged {purged} of {rows}");
+    }
+    println!(
+        "outbox retention ({label}): {purged} rows purged in {:.1} s ({:.0} rows/s, 500 a transaction) while first deliveries ran at {:.0} events/s",
+        took.as_secs_f64(),
+        purged as f64 / took.as_secs_f64(),
+        during?
+    );
+    Ok(())
+}
+
+async fn million_sqlite(n: usize, rows: usize) -> anyhow::Result<()> {
+    let s = setup(None).await?;
+    let path = s.path.clone();
+    let fill = async move {
+        let mut conn = rusqlite::Connection::open(&path)?;
         conn.busy_timeout(Duration::from_secs(30))?;
         let tx = conn.transaction()?;
         {
@@ -499,41 +618,66 @@ async fn million(n: usize, rows: usize) -> anyhow::Result<()> {
             }
         }
         tx.commit()?;
-    }
-    println!(
-        "outbox: {rows} dispatched rows past the retention written in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    let with_rows = first_deliveries(&s.processor, n, 16).await?;
-    println!(
-        "first deliveries (sqlite, c=16, {n} orders) with an empty outbox / with {rows} rows in it: {before:.0} / {with_rows:.0} events/s ({:+.1} %)",
-        100.0 * (with_rows - before) / before
-    );
-    // The retention's purge, in its batches, while orders keep executing.
-    let purger = Dispatcher::new(
-        Arc::clone(&s.store) as Arc<dyn OrderStore>,
-        Destination::Queue(QueueDestination::new(QueueSettings {
-            storage: parse_storage_of("UseDevelopmentStorage=true", Service::Queue)
-                .map_err(anyhow::Error::msg)?,
-            queue: "unused".into(),
-            encoding: Encoding::Base64,
-        })),
-        DispatchSettings::default(),
-    );
-    let started = Instant::now();
-    let (purged, during) = tokio::join!(purger.purge(), first_deliveries(&s.processor, n, 16));
-    let took = started.elapsed();
-    let purged = purged?;
-    if purged as usize != rows {
-        bail!("purged {purged} of {rows}");
-    }
-    println!(
-        "outbox retention: {purged} rows purged in {:.1} s ({:.0} rows/s, 500 a transaction) while first deliveries ran at {:.0} events/s",
-        took.as_secs_f64(),
-        purged as f64 / took.as_secs_f64(),
-        during?
-    );
-    Ok(())
+        Ok(())
+    };
+    let store = Arc::clone(&s.store) as Arc<dyn OrderStore>;
+    million_rows("sqlite", store, &s.processor, n, rows, fill).await
+}
+
+/// The same on SQL Server (`ORDER_GUARD_TEST_MSSQL`, the owner's string):
+/// the rows written by the server itself, 100 000 a statement.
+async fn million_sqlserver(cs: &str, n: usize, rows: usize) -> anyhow::Result<()> {
+    use tokio_util::compat::TokioAsyncWriteCompatExt;
+    let store = Arc::new(SqlServerStore::connect(
+        cs,
+        &SqlServerSettings {
+            connect_timeout: Duration::from_secs(30),
+            query_timeout: Duration::from_secs(30),
+            pool_size: 16,
+            migrate_timeout: order_guard::store::sqlserver::DEFAULT_MIGRATE_TIMEOUT,
+            migrate_batch_rows: order_guard::store::sqlserver::DEFAULT_MIGRATE_BATCH_ROWS,
+            idle_timeout: order_guard::store::sqlserver::DEFAULT_IDLE_TIMEOUT,
+        },
+    )?);
+    store.migrate().await?;
+    let processor = Arc::new(Processor::new(
+        Arc::new(MemoryGuard::new(GuardSettings::default())),
+        Arc::clone(&store) as Arc<dyn OrderStore>,
+        ProcessorSettings::default(),
+    ));
+    let fill = async {
+        let config = tiberius::Config::from_ado_string(cs)?;
+        let tcp = tokio::net::TcpStream::connect(config.get_addr()).await?;
+        let mut client = tiberius::Client::connect(config, tcp.compat_write()).await?;
+        let batch = 100_000usize;
+        let digits = "(VALUES (0),(1),(2),(3),(4),(5),(6),(7),(8),(9))";
+        for first in (0..rows).step_by(batch) {
+            let take = batch.min(rows - first);
+            let sql = format!(
+                "INSERT INTO dbo.Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, \
+                    Quantity, PositionUnits, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt, \
+                    LeaseUntil, DispatchedAt) \
+                 SELECT CONCAT(N'old-', {first} + t.n), N'OrderExecuted', CONCAT(N'old-', {first} + t.n), \
+                    N'acct', N'buy', N'MSFT', 1, 1, N'v2:x', w.d, w.d, w.d, w.d, w.d \
+                 FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS n \
+                       FROM {digits} AS a (d) CROSS JOIN {digits} AS b (d) CROSS JOIN {digits} AS c (d) \
+                       CROSS JOIN {digits} AS e (d) CROSS JOIN {digits} AS f (d)) AS t \
+                 CROSS JOIN (SELECT DATEADD(DAY, -8, SYSUTCDATETIME()) AS d) AS w \
+                 WHERE t.n < {take}"
+            );
+            client.simple_query(sql).await?.into_results().await?;
+        }
+        Ok(())
+    };
+    million_rows(
+        "sqlserver",
+        Arc::clone(&store) as Arc<dyn OrderStore>,
+        &processor,
+        n,
+        rows,
+        fill,
+    )
+    .await
 }
 
 /// (this process's CPU, the queue's) when the machine has two or more and
@@ -586,7 +730,45 @@ async fn run() -> anyhow::Result<()> {
     let queue = QueueService::start()?;
     latency(&queue, (n / 10).max(50)).await?;
     throughput(&queue, n).await?;
-    cost(&queue, n / 4, 5).await?;
-    million(n, 1_000_000).await?;
+    queue.create_queue("cost").await?;
+    cost(
+        "Azurite queue",
+        Destination::Queue(QueueDestination::new(queue.settings("cost")?)),
+        n / 4,
+        5,
+    )
+    .await?;
+    // A topic takes a round's events in one request: the same cost
+    // against the contract endpoint of the tests, on the other CPU.
+    let topic = TopicOnItsOwnCpu::start()?;
+    cost(
+        "Event Grid topic (contract endpoint)",
+        Destination::Topic(
+            TopicDestination::new(TopicSettings {
+                endpoint: topic.endpoint.clone(),
+                auth: TopicAuth::Key(Secret::new(topic.key.clone())),
+                schema: Schema::EventGrid,
+            })
+            .map_err(anyhow::Error::msg)?,
+        ),
+        n / 4,
+        5,
+    )
+    .await?;
+    million_sqlite(n, 1_000_000).await?;
+    match std::env::var("ORDER_GUARD_TEST_MSSQL") {
+        Ok(cs) if !cs.is_empty() => {
+            let rows = std::env::var("BENCH_OUTBOX_MSSQL_ROWS")
+                .ok()
+                .map(|r| r.parse())
+                .transpose()
+                .context("BENCH_OUTBOX_MSSQL_ROWS must be a number")?
+                .unwrap_or(1_000_000);
+            million_sqlserver(&cs, n, rows).await?;
+        }
+        _ => println!(
+            "outbox on SQL Server: NOT RUN (ORDER_GUARD_TEST_MSSQL is not set; scripts/bench.sh sets it when the T-SQL engine is there)"
+        ),
+    }
     Ok(())
 }

@@ -310,9 +310,15 @@ pub(crate) async fn run_chaos(
     queue: Arc<CutProxy>,
     stats: Arc<ChaosStats>,
 ) {
+    // When the last store fault ended: the next keeps its distance even
+    // when the actions before it ran late (a kill waits for the restart).
+    let mut store_back: Option<Instant> = None;
     for (at, action) in schedule {
         // Pacing of the schedule itself.
         tokio::time::sleep_until((started + at).into()).await;
+        if let (Some(back), Action::DbOutage(_) | Action::EngineRestart) = (store_back, action) {
+            tokio::time::sleep_until((back + QUIET_AFTER + QUIET_BEFORE).into()).await;
+        }
         match action {
             Action::Kill(slot) => {
                 let (tx, rx) = oneshot::channel();
@@ -369,6 +375,7 @@ pub(crate) async fn run_chaos(
                     }
                     Db::SqlServer { proxy, .. } => proxy.outage(hold).await,
                 }
+                store_back = Some(Instant::now());
                 stats.store_faults.lock().unwrap().push(StoreFault {
                     kind: "db_outage",
                     started,
@@ -432,6 +439,7 @@ pub(crate) async fn run_chaos(
                     })
                     .await
                     .expect("restarting the T-SQL engine");
+                    store_back = Some(Instant::now());
                     stats.store_faults.lock().unwrap().push(StoreFault {
                         kind: "engine_restart",
                         started,

@@ -58,6 +58,9 @@ pub const MAX_QUEUED: usize = 1024;
 trait Call: Send {
     /// The caller stopped waiting: skip the call.
     fn abandoned(&self) -> bool;
+    /// Whether its effect must be on disk before it is answered (see
+    /// [`Durability`]).
+    fn durability(&self) -> Durability;
     /// Given the connection, run inside the call's own savepoint and say
     /// whether it succeeded (else its savepoint is rolled back); given
     /// `None`, do not run. Either way hand back how to answer once the
@@ -68,10 +71,29 @@ trait Call: Send {
 type Job = Box<dyn Call>;
 type Reply = Box<dyn FnOnce(Option<&StoreError>) + Send>;
 
+/// Whether a call's commit waits for the disk.
+///
+/// The outbox's bookkeeping (a claim's lease, a row marked sent, deferred,
+/// purged) may be lost in a power cut without harm: a lost claim or mark
+/// means a row sent again (announcements are at least once, consumers
+/// deduplicate by message id), a lost deferral a retry sooner, a lost
+/// purge a delete done again. Such a group commits with `synchronous =
+/// NORMAL` (in WAL mode: atomic, durable against a crash of the process,
+/// made durable on disk by the next `FULL` commit, which syncs the whole
+/// log) and does not make the orders behind it wait for two more fsyncs a
+/// dispatch round. Everything else is `Full`; a group holding any `Full`
+/// call commits `FULL`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    Full,
+    Relaxed,
+}
+
 /// A call and where its answer goes.
 struct Pending<T, F> {
     tx: tokio::sync::oneshot::Sender<Result<T, StoreError>>,
     f: F,
+    durability: Durability,
 }
 
 impl<T, F> Call for Pending<T, F>
@@ -83,8 +105,12 @@ where
         self.tx.is_closed()
     }
 
+    fn durability(&self) -> Durability {
+        self.durability
+    }
+
     fn run(self: Box<Self>, conn: Option<&mut Connection>) -> (bool, Reply) {
-        let Pending { tx, f } = *self;
+        let Pending { tx, f, .. } = *self;
         let Some(conn) = conn else {
             let reply: Reply = Box::new(move |e| {
                 let e = e
@@ -237,8 +263,26 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, rusqlite::Error> + Send + 'static,
     {
+        self.call(f, Durability::Full).await
+    }
+
+    /// [`Self::with`] for the outbox's bookkeeping: answered once committed,
+    /// without waiting for the disk ([`Durability::Relaxed`]).
+    async fn with_relaxed<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    {
+        self.call(f, Durability::Relaxed).await
+    }
+
+    async fn call<T, F>(&self, f: F, durability: Durability) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    {
         let (tx, rx) = tokio::sync::oneshot::channel::<Result<T, StoreError>>();
-        match self.jobs.try_send(Box::new(Pending { tx, f })) {
+        match self.jobs.try_send(Box::new(Pending { tx, f, durability })) {
             Ok(()) => {}
             Err(mpsc::TrySendError::Full(_)) => {
                 self.pressure.refused.fetch_add(1, Ordering::Relaxed);
@@ -261,6 +305,8 @@ impl SqliteStore {
 
 /// The writer thread: groups waiting calls into one transaction each.
 fn writer(mut conn: Connection, queue: mpsc::Receiver<Job>, pressure: &PressureCounters) {
+    // The connection is opened `FULL` (`SqliteStore::open`).
+    let mut synchronous = Durability::Full;
     while let Ok(first) = queue.recv() {
         let mut group = Vec::with_capacity(MAX_GROUP);
         let mut next = Some(first);
@@ -279,18 +325,33 @@ fn writer(mut conn: Connection, queue: mpsc::Receiver<Job>, pressure: &PressureC
             pressure
                 .largest_group
                 .fetch_max(group.len() as u64, Ordering::Relaxed);
-            run_group(&mut conn, group, pressure);
+            run_group(&mut conn, group, pressure, &mut synchronous);
         }
     }
 }
 
-fn run_group(conn: &mut Connection, group: Vec<Job>, pressure: &PressureCounters) {
+fn run_group(
+    conn: &mut Connection,
+    group: Vec<Job>,
+    pressure: &PressureCounters,
+    synchronous: &mut Durability,
+) {
     let fail_all = |replies: Vec<Reply>, e: &StoreError| {
         for r in replies {
             r(Some(e));
         }
     };
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    let wanted = group_durability(group.iter().map(|job| job.durability()));
+    let switched = if wanted == *synchronous {
+        Ok(())
+    } else {
+        conn.execute_batch(match wanted {
+            Durability::Full => "PRAGMA synchronous = FULL",
+            Durability::Relaxed => "PRAGMA synchronous = NORMAL",
+        })
+        .map(|()| *synchronous = wanted)
+    };
+    if let Err(e) = switched.and_then(|()| conn.execute_batch("BEGIN IMMEDIATE")) {
         let replies = group.into_iter().map(|job| job.run(None).1).collect();
         fail_all(replies, &classify(e));
         return;
@@ -337,6 +398,15 @@ fn run_group(conn: &mut Connection, group: Vec<Job>, pressure: &PressureCounters
             let _ = conn.execute_batch("ROLLBACK");
             fail_all(replies, &classify(e));
         }
+    }
+}
+
+/// A group commits `Relaxed` only when every call of it may. Pure.
+fn group_durability(calls: impl IntoIterator<Item = Durability>) -> Durability {
+    if calls.into_iter().all(|d| d == Durability::Relaxed) {
+        Durability::Relaxed
+    } else {
+        Durability::Full
     }
 }
 
@@ -624,23 +694,25 @@ impl OrderStore for SqliteStore {
         let token = uuid::Uuid::new_v4().to_string();
         let t = token.clone();
         let rows = self
-            .with(move |conn| outbox::claim(conn, &t, limit, lease))
+            .with_relaxed(move |conn| outbox::claim(conn, &t, limit, lease))
             .await?;
         Ok(Claim { token, rows })
     }
 
     async fn mark_announced(&self, message_ids: &[String]) -> Result<u64, StoreError> {
         let ids = message_ids.to_vec();
-        self.with(move |conn| outbox::mark(conn, &ids)).await
+        self.with_relaxed(move |conn| outbox::mark(conn, &ids))
+            .await
     }
 
     async fn defer_announcement(&self, token: &str, deferral: &Deferral) -> Result<(), StoreError> {
         let (t, d) = (token.to_string(), deferral.clone());
-        self.with(move |conn| outbox::defer(conn, &t, &d)).await
+        self.with_relaxed(move |conn| outbox::defer(conn, &t, &d))
+            .await
     }
 
     async fn purge_announced(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
-        self.with(move |conn| outbox::purge(conn, retention, limit))
+        self.with_relaxed(move |conn| outbox::purge(conn, retention, limit))
             .await
     }
 
@@ -676,6 +748,32 @@ impl OrderStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_waits_for_the_disk_unless_every_call_may_not() {
+        use Durability::{Full, Relaxed};
+        assert_eq!(group_durability([Relaxed, Relaxed]), Relaxed);
+        assert_eq!(group_durability([Relaxed, Full, Relaxed]), Full);
+        assert_eq!(group_durability([Full]), Full);
+    }
+
+    /// The outbox's bookkeeping commits `NORMAL`, and the next call that
+    /// must be durable finds the connection `FULL` again.
+    #[tokio::test]
+    async fn only_the_outbox_bookkeeping_commits_without_waiting_for_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            SqliteStore::open(&dir.path().join("orders.db"), Duration::from_secs(5)).expect("open");
+        store.migrate().await.expect("migrate");
+        let synchronous = |conn: &mut Connection| {
+            conn.pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))
+        };
+        // 2 is FULL, 1 is NORMAL.
+        assert_eq!(store.with(synchronous).await.unwrap(), 2);
+        assert_eq!(store.with_relaxed(synchronous).await.unwrap(), 1);
+        assert_eq!(store.mark_announced(&[]).await.unwrap(), 0);
+        assert_eq!(store.with(synchronous).await.unwrap(), 2);
+    }
 
     /// The place a copy cannot share: the canonical path, the file's device
     /// and inode, and this machine's id (a copy on another machine at the
