@@ -115,11 +115,14 @@ pub(crate) async fn supervise(
         let log = dir.join(format!("handler{slot}-{incarnation:04}.log"));
         let spent =
             stats.crashes.load(Ordering::Relaxed) >= stats.crash_budget.load(Ordering::Relaxed);
-        let mut child = if spent {
-            common::spawn_handler(&binary, &without_crashes(&env), &log)
+        let disarmed;
+        let env_now = if spent {
+            disarmed = without_crashes(&env);
+            &disarmed
         } else {
-            common::spawn_handler(&binary, &env, &log)
+            &env
         };
+        let mut child = common::spawn_handler(&binary, env_now, &log);
         stats.starts.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = common::wait_ready(port, &mut child, Duration::from_secs(30)).await {
             let _ = child.start_kill();

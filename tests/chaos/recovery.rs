@@ -53,19 +53,16 @@ pub(crate) fn recovery(executed: &[Instant], fault: &StoreFault) -> Recovery {
         0.0
     };
     let horizon = fault.back + RECOVERY_HORIZON;
-    let first_executed = executed
-        .get(executed.partition_point(|t| *t < fault.back))
-        .filter(|t| **t < horizon)
-        .map(|t| *t - fault.back);
+    let after: Vec<Instant> = executed[executed.partition_point(|t| *t < fault.back)..]
+        .iter()
+        .copied()
+        .take_while(|t| *t < horizon)
+        .collect();
+    let first_executed = after.first().map(|t| *t - fault.back);
     // Windows start at the store's return and at every answer after it: the
     // earliest window reaching the rate starts at one of those.
     let want = 0.9 * pre_rate * RATE_WINDOW.as_secs_f64();
-    let starts = std::iter::once(fault.back).chain(
-        executed[executed.partition_point(|t| *t < fault.back)..]
-            .iter()
-            .copied()
-            .take_while(|t| *t < horizon),
-    );
+    let starts = std::iter::once(fault.back).chain(after.iter().copied());
     let to_90_percent = (pre_rate > 0.0)
         .then(|| {
             starts

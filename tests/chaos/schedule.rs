@@ -188,10 +188,24 @@ impl Cache {
     }
 }
 
+/// Database outages in a run of `n` orders.
+fn db_outages(n: usize) -> usize {
+    (n / 250).max(2)
+}
+
+/// Engine restarts in a run of `n` orders (on an engine of the run's own).
+fn engine_restarts_of(n: usize, engine_restarts: bool) -> usize {
+    if engine_restarts {
+        (n / 250).max(1)
+    } else {
+        0
+    }
+}
+
 /// How many store faults (database outages, engine restarts) a run of `n`
 /// orders meets.
 pub(crate) fn store_fault_count(n: usize, engine_restarts: bool) -> usize {
-    (n / 250).max(2) + if engine_restarts { (n / 250).max(1) } else { 0 }
+    db_outages(n) + engine_restarts_of(n, engine_restarts)
 }
 
 /// Each store fault gets a slot of its own at least this long: the quiet
@@ -218,17 +232,14 @@ pub(crate) fn chaos_plan(
     cluster: bool,
 ) -> Vec<(Duration, Action)> {
     let mut store = Vec::new();
-    for _ in 0..(n / 250).max(2) {
+    for _ in 0..db_outages(n) {
         store.push(Action::DbOutage(Duration::from_millis(
             rng.gen_range(800..=1600),
         )));
     }
-    if engine_restarts {
-        for _ in 0..(n / 250).max(1) {
-            store.push(Action::EngineRestart);
-        }
+    for _ in 0..engine_restarts_of(n, engine_restarts) {
+        store.push(Action::EngineRestart);
     }
-    debug_assert_eq!(store.len(), store_fault_count(n, engine_restarts));
     store.shuffle(rng);
     let (first, last) = (spread.mul_f64(0.1), spread.mul_f64(0.9));
     let slot = (last - first) / store.len() as u32;
