@@ -81,7 +81,7 @@ HANDLER_PORT="$(free_port)"
 echo "==> order-guard serve on 127.0.0.1:$HANDLER_PORT (RUST_LOG=warn, sqlite:$SCRATCH/orders.db)"
 FUNCTIONS_CUSTOMHANDLER_PORT="$HANDLER_PORT" \
   REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
-  SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders.db" \
+  SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders.db?mode=rwc" \
   RUST_LOG=warn \
   "$BIN" serve >"$SCRATCH/handler.log" 2>&1 &
 HANDLER_PID="$!"
@@ -96,7 +96,7 @@ FUNCTIONS_CUSTOMHANDLER_PORT="$REDIS_HANDLER_PORT" \
   REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
   GUARD_KEY_PREFIX="ordnc:" \
   ORDER_CACHE_MB=0 \
-  SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-nocache.db" \
+  SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-nocache.db?mode=rwc" \
   RUST_LOG=warn \
   "$BIN" serve >"$SCRATCH/handler-nocache.log" 2>&1 &
 REDIS_HANDLER_PID="$!"
@@ -128,7 +128,7 @@ if [ "${BENCH_TELEMETRY:-1}" != 0 ]; then
   FUNCTIONS_CUSTOMHANDLER_PORT="$OTEL_HANDLER_PORT" \
     REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
     GUARD_KEY_PREFIX="ordot:" \
-    SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-otel.db" \
+    SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-otel.db?mode=rwc" \
     OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$SINK_PORT" \
     OTEL_TRACES_SAMPLER="$OTEL_SAMPLER" \
     OTEL_TRACES_SAMPLER_ARG="$OTEL_SAMPLER_ARG" \
@@ -196,7 +196,7 @@ if [ "${BENCH_CLUSTER:-1}" != 0 ]; then
     REDIS_URL="redis://${CLUSTER_NODES[0]}" \
     REDIS_CLUSTER=true \
     ORDER_CACHE_MB=0 \
-    SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-cluster.db" \
+    SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-cluster.db?mode=rwc" \
     RUST_LOG=warn \
     "$BIN" serve >"$SCRATCH/handler-cluster.log" 2>&1 &
   PIDS+=("$!")

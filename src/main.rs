@@ -154,7 +154,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve => app::serve(config).await?,
         Command::Migrate => {
-            let store = app::build_store(&config).await?;
+            let store = app::build_store(&config, app::NewFile::Created).await?;
             store.upgrade().await?;
             println!("schema is up to date ({})", app::describe(&config));
         }

@@ -784,7 +784,7 @@ async fn a_huge_blob_does_not_take_the_process_memory_and_the_next_is_replayed()
     );
     let (status, out, peak_kib) = cli.run(
         &["dead-letters", "replay", "--allow-embedded-state"],
-        &[("SQL_CONNECTION_STRING", "sqlite:./orders.db")],
+        &[("SQL_CONNECTION_STRING", "sqlite:./orders.db?mode=rwc")],
     );
     println!(
         "peak resident memory of `dead-letters replay` with a 300 MiB blob: {} MiB",

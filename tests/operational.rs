@@ -114,7 +114,7 @@ fn failed(answer: &common::RawAnswer) -> Value {
 
 fn sqlite(dir: &Path) -> (PathBuf, String) {
     let db = dir.join("orders.db");
-    let setting = format!("sqlite:{}", db.display());
+    let setting = format!("sqlite:{}?mode=rwc", db.display());
     (db, setting)
 }
 
@@ -587,4 +587,66 @@ async fn a_locked_database_cannot_hold_an_invocation_past_its_deadline() {
     assert_eq!(rv["outcome"], "executed", "{rv}");
     let rv = succeeded(&handler.invoke(&poison).await.unwrap());
     assert_eq!(rv["outcome"], "rejected", "{rv}");
+}
+
+/// A named SQLite file that is not there is created only when asked: a
+/// volume not mounted yet looks like a first start, and a new, empty
+/// database there would execute every order again. `serve` stops saying
+/// how to create it, a read command says it is missing, neither creates
+/// it; `migrate` (or `?mode=rwc`) does, and `serve` then starts on it.
+#[tokio::test]
+async fn a_missing_sqlite_file_is_created_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("orders.db");
+    let named = format!("sqlite:{}", db.display());
+
+    let mut serve = Proc::spawn(
+        dir.path(),
+        "refused",
+        &[("SQL_CONNECTION_STRING", named.clone())],
+    );
+    let exited = tokio::time::timeout(START_LIMIT, serve.child.wait())
+        .await
+        .expect("serve on a missing file must stop, not wait")
+        .unwrap();
+    let log = serve.log_text();
+    assert!(!exited.success(), "{log}");
+    for needle in [
+        "no SQLite database at",
+        "order-guard migrate",
+        &format!("{named}?mode=rwc"),
+        "volume may not be mounted",
+    ] {
+        assert!(log.contains(needle), "want {needle:?} in:\n{log}");
+    }
+    assert!(!db.exists(), "serve created the file:\n{log}");
+
+    let store = [("SQL_CONNECTION_STRING", named.as_str())];
+    let (status, out) = common::run_command(dir.path(), &["status", "ord-1"], &store);
+    assert!(
+        !status.success() && out.contains("no SQLite database at"),
+        "{out}"
+    );
+    assert!(out.contains("never creates one"), "{out}");
+    assert!(!db.exists(), "status created the file: {out}");
+
+    let (status, out) = common::run_command(dir.path(), &["migrate"], &store);
+    assert!(
+        status.success() && db.exists(),
+        "migrate must create the file: {out}"
+    );
+    let serve = Proc::start(
+        dir.path(),
+        "created",
+        &[("SQL_CONNECTION_STRING", named.clone())],
+    )
+    .await;
+    drop(serve);
+
+    // `?mode=rwc` creates it from `serve` itself.
+    let other = dir.path().join("other.db");
+    let asked = format!("sqlite:{}?mode=rwc", other.display());
+    let serve = Proc::start(dir.path(), "asked", &[("SQL_CONNECTION_STRING", asked)]).await;
+    assert!(other.exists());
+    drop(serve);
 }

@@ -279,7 +279,7 @@ async fn serve_announces_what_it_executes_and_nothing_else() {
         ("RUST_LOG", "info".to_string()),
         (
             "SQL_CONNECTION_STRING",
-            format!("sqlite:{}", dir.path().join("orders.db").display()),
+            format!("sqlite:{}?mode=rwc", dir.path().join("orders.db").display()),
         ),
         ("OUTBOX_STORAGE", azurite.queue_connection_string()),
         ("OUTBOX_QUEUE", "executions".into()),

@@ -588,7 +588,7 @@ async fn status_finds_an_order_by_its_id_with_surrounding_spaces() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("orders.db");
     let config = order_guard::config::Config::from_lookup(|k| {
-        (k == "SQL_CONNECTION_STRING").then(|| format!("sqlite:{}", db.display()))
+        (k == "SQL_CONNECTION_STRING").then(|| format!("sqlite:{}?mode=rwc", db.display()))
     })
     .unwrap();
     let p = order_guard::app::build_processor(&config).await.unwrap();

@@ -3,28 +3,19 @@
 //! refused values stop the start without echoing them, and accepted ones
 //! are never logged or printed.
 
-use std::process::Command;
+mod common;
 
 /// As Azure shows an access key: base64, ending in `=`.
 const KEY: &str = "Zm9vYmFyU2VjcmV0S2V5MTIzNDU2Nzg5MGFiY2RlZg9=";
 
-/// Run `order-guard ARGS` with only `vars` set; its exit code and output.
+/// Run `order-guard ARGS` with only `vars` set (and every log level on);
+/// its exit code and output.
 fn run(args: &[&str], vars: &[(&str, String)]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_order-guard"))
-        .args(args)
-        .env_clear()
-        .env("RUST_LOG", "trace")
-        .current_dir(dir.path())
-        .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("run order-guard");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
+    let mut all = vec![("RUST_LOG", "trace")];
+    all.extend(vars.iter().map(|(k, v)| (*k, v.as_str())));
+    let (status, text) = common::run_command(dir.path(), args, &all);
+    (status.code(), text)
 }
 
 #[test]
@@ -73,7 +64,10 @@ fn a_secret_is_never_printed_or_logged() {
 fn telemetry_secrets_are_never_printed() {
     // An instrumentation key is a GUID.
     const IKEY: &str = "5d3f0a1b-7c2e-4e9a-b8d1-3f6a2c9e0b47";
-    let sqlite = ("SQL_CONNECTION_STRING", "sqlite:./orders.db".to_string());
+    let sqlite = (
+        "SQL_CONNECTION_STRING",
+        "sqlite:./orders.db?mode=rwc".to_string(),
+    );
     let (code, text) = run(
         &["migrate"],
         &[

@@ -149,7 +149,8 @@ fn the_example_copied_unedited_runs_on_the_embedded_defaults() {
     assert_eq!(
         config.store,
         StoreConfig::Sqlite {
-            path: DEFAULT_SQLITE_PATH.into()
+            path: DEFAULT_SQLITE_PATH.into(),
+            create_if_missing: true,
         },
         "SQL_CONNECTION_STRING must be empty in the example"
     );

@@ -36,7 +36,10 @@ pub(crate) async fn cold_start(opts: &Opts, tag: u32, i: usize) -> anyhow::Resul
         .arg("serve")
         .env("FUNCTIONS_CUSTOMHANDLER_PORT", port.to_string())
         .env("REDIS_URL", &opts.redis_url)
-        .env("SQL_CONNECTION_STRING", format!("sqlite:{}", db.display()))
+        .env(
+            "SQL_CONNECTION_STRING",
+            format!("sqlite:{}?mode=rwc", db.display()),
+        )
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

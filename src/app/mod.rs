@@ -86,17 +86,57 @@ pub async fn build_checked_guard(config: &Config) -> anyhow::Result<Arc<dyn Idem
     Ok(guard)
 }
 
+/// Whether a command may create a SQLite file that is not there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NewFile {
+    /// Commands that execute orders: as `SQL_CONNECTION_STRING` says (the
+    /// local default, or `?mode=rwc`).
+    AsConfigured,
+    /// `migrate`: creating the schema is its job.
+    Created,
+    /// Commands that read or tidy: a missing file is their answer.
+    Refused,
+}
+
 /// The store the configuration asks for (not migrated).
-pub async fn build_store(config: &Config) -> anyhow::Result<Arc<dyn OrderStore>> {
+pub async fn build_store(
+    config: &Config,
+    new_file: NewFile,
+) -> anyhow::Result<Arc<dyn OrderStore>> {
     Ok(match &config.store {
         // Opening reads the journal mode, which another process's lock can
         // refuse past the busy timeout: waited out like the schema check.
-        StoreConfig::Sqlite { path } => Arc::new(
-            patiently("sqlite", || async {
-                SqliteStore::open(path, config.sqlite_busy_timeout)
+        StoreConfig::Sqlite {
+            path,
+            create_if_missing,
+        } => {
+            let create = match new_file {
+                NewFile::AsConfigured => *create_if_missing,
+                NewFile::Created => true,
+                NewFile::Refused => false,
+            };
+            let opened = patiently("sqlite", || async {
+                if create {
+                    SqliteStore::open(path, config.sqlite_busy_timeout)
+                } else {
+                    SqliteStore::open_existing(path, config.sqlite_busy_timeout)
+                }
             })
-            .await?,
-        ),
+            .await;
+            match opened {
+                Ok(store) => Arc::new(store),
+                Err(e) if !create && !path.exists() => {
+                    let p = path.display();
+                    let fix = if new_file == NewFile::Refused {
+                        "this command never creates one: check SQL_CONNECTION_STRING (a relative path is read from the directory it runs in)".to_string()
+                    } else {
+                        format!("on a first start create it with `order-guard migrate` (same settings) or SQL_CONNECTION_STRING=sqlite:{p}?mode=rwc; if it should be there, its volume may not be mounted yet, and a new, empty database would execute every order again")
+                    };
+                    anyhow::bail!("SQL_CONNECTION_STRING: {e}; {fix}")
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         StoreConfig::SqlServer { connection_string } => Arc::new(SqlServerStore::connect(
             connection_string,
             &config.sqlserver,
@@ -120,7 +160,7 @@ pub fn describe(config: &Config) -> String {
         } => format!("redis cluster ({}{})", redact_url(url), auth_note(auth)),
     };
     let store = match &config.store {
-        StoreConfig::Sqlite { path } => format!("sqlite ({})", path.display()),
+        StoreConfig::Sqlite { path, .. } => format!("sqlite ({})", path.display()),
         StoreConfig::SqlServer { .. } => "sqlserver".to_string(),
     };
     format!("guard={guard} store={store}")
@@ -218,7 +258,7 @@ async fn build_processor_as(
     start: Start,
 ) -> anyhow::Result<Built> {
     let guard = build_checked_guard(config).await?;
-    let store = build_store(config).await?;
+    let store = build_store(config, NewFile::AsConfigured).await?;
     let mut background = None;
     match (&config.store, start) {
         // SQLite waits out a briefly locked file, then must succeed; so
@@ -598,7 +638,7 @@ async fn open_checked(
     config: &Config,
 ) -> anyhow::Result<(Arc<dyn IdempotencyGuard>, Arc<dyn OrderStore>)> {
     let guard = build_checked_guard(config).await?;
-    let store = build_store(config).await?;
+    let store = build_store(config, NewFile::Refused).await?;
     store
         .migrate()
         .await
@@ -840,7 +880,7 @@ pub async fn dead_letters_list(
         allow_embedded_state,
     )?;
     let container = dead_letter_container(config)?;
-    let store = build_store(config).await?;
+    let store = build_store(config, NewFile::Refused).await?;
     store
         .migrate()
         .await

@@ -366,7 +366,8 @@ pub(crate) mod tests {
         assert_eq!(
             c.store,
             StoreConfig::Sqlite {
-                path: DEFAULT_SQLITE_PATH.into()
+                path: DEFAULT_SQLITE_PATH.into(),
+                create_if_missing: true,
             }
         );
         assert_eq!(c.guard_settings.prefix, "orden:");

@@ -12,8 +12,15 @@ pub const DEFAULT_SQLITE_PATH: &str = "./order-guard.db";
 /// Where the orders live. `Debug` never shows the connection string.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreConfig {
-    /// Embedded SQLite file.
-    Sqlite { path: PathBuf },
+    /// Embedded SQLite file. `create_if_missing`: whether a command that
+    /// executes orders may create the file (the local default, or
+    /// `sqlite:PATH?mode=rwc`); otherwise a missing file stops it, since an
+    /// unmounted volume looks the same as a first start, and a new empty
+    /// database would execute every order again.
+    Sqlite {
+        path: PathBuf,
+        create_if_missing: bool,
+    },
     /// SQL Server / Azure SQL, ADO.NET connection string.
     SqlServer { connection_string: String },
 }
@@ -21,7 +28,14 @@ pub enum StoreConfig {
 impl std::fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreConfig::Sqlite { path } => f.debug_struct("Sqlite").field("path", path).finish(),
+            StoreConfig::Sqlite {
+                path,
+                create_if_missing,
+            } => f
+                .debug_struct("Sqlite")
+                .field("path", path)
+                .field("create_if_missing", create_if_missing)
+                .finish(),
             StoreConfig::SqlServer { .. } => f
                 .debug_struct("SqlServer")
                 .field("connection_string", &"(not shown)")
@@ -65,17 +79,14 @@ pub(super) fn store(
     runs: &Runs,
 ) -> Result<StoreConfig, ConfigError> {
     let store = match val("SQL_CONNECTION_STRING") {
+        // The local default is created on first use; where the embedded
+        // state is only allowed (a hosted instance), it is not.
         None => StoreConfig::Sqlite {
             path: PathBuf::from(DEFAULT_SQLITE_PATH),
+            create_if_missing: runs.embedded_state_is_safe(),
         },
         Some(v) => match v.strip_prefix("sqlite:") {
-            Some("") => {
-                return Err(err(
-                    "SQL_CONNECTION_STRING",
-                    "sqlite: needs a file path, e.g. sqlite:./order-guard.db",
-                ))
-            }
-            Some(path) => StoreConfig::Sqlite { path: path.into() },
+            Some(file) => sqlite_file(file)?,
             None => {
                 if !names_a_server(&v) {
                     return Err(err(
@@ -108,6 +119,33 @@ pub(super) fn store(
         ));
     }
     Ok(store)
+}
+
+/// `sqlite:PATH`, `sqlite:PATH?mode=rw` (the file must exist) or
+/// `sqlite:PATH?mode=rwc` (created when missing), after SQLite's own URI
+/// modes.
+fn sqlite_file(setting: &str) -> Result<StoreConfig, ConfigError> {
+    let (path, create_if_missing) = match setting.split_once('?') {
+        None => (setting, false),
+        Some((path, "mode=rw")) => (path, false),
+        Some((path, "mode=rwc")) => (path, true),
+        Some((_, other)) => {
+            return Err(err(
+                "SQL_CONNECTION_STRING",
+                format!("sqlite:PATH takes ?mode=rwc (create the file when missing) or ?mode=rw (the default: the file must exist), got ?{other}"),
+            ))
+        }
+    };
+    if path.is_empty() {
+        return Err(err(
+            "SQL_CONNECTION_STRING",
+            "sqlite: needs a file path, e.g. sqlite:./order-guard.db",
+        ));
+    }
+    Ok(StoreConfig::Sqlite {
+        path: path.into(),
+        create_if_missing,
+    })
 }
 
 /// `ORDER_GUARD_ALLOW_EMBEDDED_STATE`: `true` or `false` (absent: false).
@@ -319,7 +357,8 @@ mod tests {
         assert_eq!(
             c.store,
             StoreConfig::Sqlite {
-                path: "/tmp/x.db".into()
+                path: "/tmp/x.db".into(),
+                create_if_missing: false,
             }
         );
         let ado = "Server=tcp:s.database.windows.net,1433;Initial Catalog=o;User ID=u;Password=p;Encrypt=True;";
@@ -381,8 +420,12 @@ mod tests {
     fn debug_shows_where_the_store_is_and_no_connection_string() {
         let file = StoreConfig::Sqlite {
             path: "/data/o.db".into(),
+            create_if_missing: false,
         };
-        assert_eq!(format!("{file:?}"), r#"Sqlite { path: "/data/o.db" }"#);
+        assert_eq!(
+            format!("{file:?}"),
+            r#"Sqlite { path: "/data/o.db", create_if_missing: false }"#
+        );
         let server = StoreConfig::SqlServer {
             connection_string: "Server=tcp:db;Password=hunter2".into(),
         };
@@ -390,5 +433,51 @@ mod tests {
             format!("{server:?}"),
             r#"SqlServer { connection_string: "(not shown)" }"#
         );
+    }
+
+    /// A named file is created only when asked: an unmounted volume would
+    /// otherwise get a new, empty database (every order executed again).
+    #[test]
+    fn a_named_sqlite_file_is_created_only_with_mode_rwc() {
+        let file = |setting: &str| match config(&[("SQL_CONNECTION_STRING", setting)]) {
+            Ok(c) => Ok(c.store),
+            Err(e) => Err(e.to_string()),
+        };
+        let sqlite = |path: &str, create_if_missing| {
+            Ok(StoreConfig::Sqlite {
+                path: path.into(),
+                create_if_missing,
+            })
+        };
+        assert_eq!(file("sqlite:/d/o.db"), sqlite("/d/o.db", false));
+        assert_eq!(file("sqlite:/d/o.db?mode=rw"), sqlite("/d/o.db", false));
+        assert_eq!(file("sqlite:/d/o.db?mode=rwc"), sqlite("/d/o.db", true));
+        let e = file("sqlite:/d/o.db?mode=ro").unwrap_err();
+        assert!(e.contains("?mode=rwc") && e.contains("got ?mode=ro"), "{e}");
+        let e = file("sqlite:?mode=rwc").unwrap_err();
+        assert!(e.contains("needs a file path"), "{e}");
+    }
+
+    /// The default file is created where the embedded state is safe (a
+    /// local run, Core Tools), not where it is only allowed.
+    #[test]
+    fn the_default_file_is_created_only_where_the_embedded_state_is_safe() {
+        let created = |env: &[(&str, &str)]| match config(env).unwrap().store {
+            StoreConfig::Sqlite {
+                create_if_missing, ..
+            } => create_if_missing,
+            StoreConfig::SqlServer { .. } => panic!("the default is SQLite"),
+        };
+        assert!(created(&[]));
+        assert!(created(&[
+            ("FUNCTIONS_WORKER_RUNTIME", "custom"),
+            ("FUNCTIONS_CORETOOLS_ENVIRONMENT", "true"),
+        ]));
+        assert!(!created(&[
+            ("FUNCTIONS_WORKER_RUNTIME", "custom"),
+            ("CONTAINER_APP_NAME", "orders"),
+            ("REDIS_URL", "redis://r:6379"),
+            ("ORDER_GUARD_ALLOW_EMBEDDED_STATE", "true"),
+        ]));
     }
 }

@@ -23,7 +23,7 @@ pub(crate) enum Db {
 impl Db {
     pub(crate) fn connection_string(&self) -> String {
         match self {
-            Db::Sqlite(path) => format!("sqlite:{}", path.display()),
+            Db::Sqlite(path) => format!("sqlite:{}?mode=rwc", path.display()),
             Db::SqlServer { handlers, .. } => handlers.clone(),
         }
     }

@@ -369,6 +369,28 @@ pub fn handler_binary() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_order-guard"))
 }
 
+/// Run `order-guard ARGS` to its end in `dir` with only `vars` set: its
+/// exit status and its output (stdout, then stderr).
+pub fn run_command(
+    dir: &std::path::Path,
+    args: &[&str],
+    vars: &[(&str, &str)],
+) -> (std::process::ExitStatus, String) {
+    let out = std::process::Command::new(handler_binary())
+        .args(args)
+        .env_clear()
+        .current_dir(dir)
+        .envs(vars.iter().copied())
+        .output()
+        .expect("run order-guard");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, text)
+}
+
 /// Environment for one handler process, as the Functions host sets it
 /// (docs/host-protocol.md, "Starting the handler") plus the app settings given.
 pub fn handler_env(port: u16, app_root: &std::path::Path) -> Vec<(String, String)> {

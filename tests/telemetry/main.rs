@@ -53,7 +53,7 @@ async fn replay_streams(deliveries: &Value, vars: &[(&str, String)]) -> (String,
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("events.json");
     std::fs::write(&file, deliveries.to_string()).unwrap();
-    let db = format!("sqlite:{}", dir.path().join("orders.db").display());
+    let db = format!("sqlite:{}?mode=rwc", dir.path().join("orders.db").display());
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_order-guard"))
         .arg("replay")
         .arg(&file)

@@ -31,7 +31,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
+use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 use rust_decimal::Decimal;
 
 mod outbox;
@@ -211,7 +211,33 @@ impl SqliteStore {
     /// bounds how long a write waits for another process's lock before the
     /// call fails as transient.
     pub fn open(path: &Path, busy_timeout: Duration) -> Result<SqliteStore, StoreError> {
-        let conn = Connection::open(path).map_err(|e| {
+        Self::open_with(path, busy_timeout, OpenFlags::default())
+    }
+
+    /// [`Self::open`] for a file that must exist already: a missing one is a
+    /// permanent error and nothing is created (a volume not mounted yet
+    /// looks like an empty directory; a new database there would hold none
+    /// of the executed orders).
+    pub fn open_existing(path: &Path, busy_timeout: Duration) -> Result<SqliteStore, StoreError> {
+        Self::open_with(
+            path,
+            busy_timeout,
+            OpenFlags::default().difference(OpenFlags::SQLITE_OPEN_CREATE),
+        )
+    }
+
+    fn open_with(
+        path: &Path,
+        busy_timeout: Duration,
+        flags: OpenFlags,
+    ) -> Result<SqliteStore, StoreError> {
+        let conn = Connection::open_with_flags(path, flags).map_err(|e| {
+            if !flags.contains(OpenFlags::SQLITE_OPEN_CREATE) && !path.exists() {
+                return StoreError::Permanent(format!(
+                    "no SQLite database at {}: the file does not exist",
+                    path.display()
+                ));
+            }
             StoreError::Permanent(format!(
                 "cannot open SQLite database {}: {e}",
                 path.display()
