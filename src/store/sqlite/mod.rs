@@ -802,6 +802,60 @@ mod tests {
         assert_eq!(store.with(synchronous).await.unwrap(), 2);
     }
 
+    /// A database migrated by the first outbox schema had two more indexes,
+    /// each written again by every claim or mark: `migrate` drops them, and
+    /// the claim (by `RETURNING`) and the purge work without them.
+    #[tokio::test]
+    async fn migrate_drops_the_outbox_indexes_that_only_cost_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            SqliteStore::open(&dir.path().join("orders.db"), Duration::from_secs(5)).expect("open");
+        let indexes = |conn: &mut Connection| {
+            let mut stmt = conn.prepare(
+                "SELECT name FROM sqlite_master
+                  WHERE type = 'index' AND tbl_name = 'Outbox' AND sql IS NOT NULL ORDER BY name",
+            )?;
+            let names = stmt.query_map([], |r| r.get::<_, String>(0))?;
+            names.collect::<Result<Vec<_>, _>>()
+        };
+        store.migrate().await.expect("migrate");
+        // As the first outbox schema left them.
+        store
+            .with(|conn| {
+                conn.execute_batch(
+                    "CREATE INDEX IX_Outbox_DispatchedAt ON Outbox (DispatchedAt, Seq);
+                     CREATE INDEX IX_Outbox_ClaimToken ON Outbox (ClaimToken);",
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(store.with(indexes).await.unwrap().len(), 4);
+        store.migrate().await.expect("migrate again");
+        assert_eq!(
+            store.with(indexes).await.unwrap(),
+            ["IX_Outbox_Due", "UX_Outbox_MessageId"]
+        );
+        let order = Order::from_data(&serde_json::json!({
+            "orderId": "ord-1", "accountId": "acct", "side": "buy",
+            "symbol": "MSFT", "quantity": "2"
+        }))
+        .expect("an order");
+        store.execute(&order, "evt-1", "{}").await.unwrap();
+        let claim = store
+            .claim_announcements(10, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let ids: Vec<&str> = claim.rows.iter().map(|r| r.order_id.as_str()).collect();
+        assert_eq!(ids, ["ord-1"]);
+        let marked = store
+            .mark_announced(&[claim.rows[0].message_id.clone()])
+            .await
+            .unwrap();
+        assert_eq!(marked, 1);
+        tokio::time::sleep(Duration::from_millis(5)).await; // past DispatchedAt's millisecond
+        assert_eq!(store.purge_announced(Duration::ZERO, 10).await.unwrap(), 1);
+    }
+
     /// The place a copy cannot share: the canonical path, the file's device
     /// and inode, and this machine's id (a copy on another machine at the
     /// same path is another database).

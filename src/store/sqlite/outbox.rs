@@ -84,20 +84,23 @@ pub(super) fn claim(
     limit: u32,
     lease: Duration,
 ) -> Result<Vec<Announcement>, rusqlite::Error> {
-    conn.prepare_cached(&format!(
+    // `RETURNING` hands back the rows this statement claimed, so no index
+    // on `ClaimToken` is kept up to date on every claim to read them back.
+    let mut stmt = conn.prepare_cached(&format!(
         "UPDATE Outbox SET LeaseUntil = {}, ClaimToken = ?1
           WHERE Seq IN (SELECT Seq FROM Outbox
                          WHERE DispatchedAt IS NULL AND NextAttemptAt <= {NOW}
                            AND Parked = 0 AND LeaseUntil <= {NOW}
-                         ORDER BY NextAttemptAt, Seq LIMIT ?3)",
+                         ORDER BY NextAttemptAt, Seq LIMIT ?3)
+         RETURNING {COLUMNS}",
         now_plus(2)
-    ))?
-    .execute(params![token, modifier(lease, '+'), limit])?;
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM Outbox WHERE ClaimToken = ?1 AND DispatchedAt IS NULL ORDER BY Seq"
     ))?;
-    let rows = stmt.query_map([token], row)?;
-    rows.collect()
+    let mut rows: Vec<Announcement> = stmt
+        .query_map(params![token, modifier(lease, '+'), limit], row)?
+        .collect::<Result<_, _>>()?;
+    // `RETURNING` promises no order; a round sends in the order of the rows.
+    rows.sort_by_key(|a| a.seq);
+    Ok(rows)
 }
 
 pub(super) fn mark(conn: &Connection, ids: &[String]) -> Result<u64, rusqlite::Error> {
