@@ -661,16 +661,23 @@ async fn million_sqlite(n: usize, rows: usize) -> anyhow::Result<()> {
                 "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
                     PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt, LeaseUntil,
                     DispatchedAt)
-                 VALUES (?1, 'OrderExecuted', ?1, 'acct', 'buy', 'MSFT', '1', '1', 'v2:x',
+                 VALUES (?1, 'OrderExecuted', ?2, 'acct', 'buy', 'MSFT', '1', '1', 'v2:x',
                     strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-8 days'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-8 days'),
                     strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-8 days'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-8 days'),
                     strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-8 days'))",
             )?;
             for i in 0..rows {
-                insert.execute([format!("old-{i}")])?;
+                // Message ids as production makes them: spread over the
+                // whole unique index, where each new one lands.
+                let order_id = format!("old-{i}");
+                insert.execute([order_guard::store::message_id(&order_id), order_id])?;
             }
         }
         tx.commit()?;
+        // A week of production would have checkpointed as it went: the
+        // one-transaction fill's write-ahead log is copied into the
+        // database now, not by the first commits measured after it.
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         Ok(())
     };
     let store = Arc::clone(&s.store) as Arc<dyn OrderStore>;
