@@ -23,7 +23,8 @@
 //!
 //! The retention: once an hour, dispatched rows older than
 //! `retention` are deleted in small batches (the store's purge: one
-//! instance at a time, a short transaction each).
+//! instance at a time, a short transaction each), on a task beside the
+//! rounds: dispatch never waits for a purge to end.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -275,11 +276,13 @@ impl Dispatcher {
     }
 
     /// The dispatcher's life: a round at once, then on every wake and
-    /// every `poll`; the retention hourly. Store failures are logged and
+    /// every `poll`; the retention hourly, on a task of its own (a purge of
+    /// a busy day's rows takes seconds, and the announcements of those
+    /// seconds must not wait behind it). Store failures are logged and
     /// waited out (the rows stay; nothing is lost).
     pub async fn run(self: Arc<Self>) {
+        tokio::spawn(Arc::clone(&self).retain());
         let wake = Arc::clone(&self.announcer.0);
-        let mut next_purge = tokio::time::Instant::now();
         // A store that cannot be used (down, or its schema not verified
         // yet) is said once, and its return once, not every poll.
         let mut failing = false;
@@ -299,24 +302,28 @@ impl Dispatcher {
                 }
                 Ok(_) => {}
             }
-            if tokio::time::Instant::now() >= next_purge {
-                match self.purge().await {
-                    Ok(0) => {}
-                    Ok(n) => log::info!(
-                        "outbox: {n} dispatched announcements past the retention deleted"
-                    ),
-                    Err(e) => {
-                        log::warn!("outbox: retention purge failed ({e}); tried again in an hour")
-                    }
-                }
-                next_purge = tokio::time::Instant::now() + PURGE_EVERY;
-            }
             tokio::select! {
                 // Batching, not synchronisation: the orders executed in the
                 // next few milliseconds share this round.
                 () = wake.notified() => tokio::time::sleep(self.settings.linger).await,
                 () = tokio::time::sleep(self.settings.poll) => {}
             }
+        }
+    }
+
+    /// The retention: at start, then every [`PURGE_EVERY`].
+    async fn retain(self: Arc<Self>) {
+        loop {
+            match self.purge().await {
+                Ok(0) => {}
+                Ok(n) => {
+                    log::info!("outbox: {n} dispatched announcements past the retention deleted")
+                }
+                Err(e) => {
+                    log::warn!("outbox: retention purge failed ({e}); tried again in an hour")
+                }
+            }
+            tokio::time::sleep(PURGE_EVERY).await;
         }
     }
 }
