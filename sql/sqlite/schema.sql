@@ -68,12 +68,15 @@ SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM StoreIdentity)
 -- The outbox (version 2): one row per executed order, written in the
 -- transaction that executes it, dispatched after the commit, deleted after
 -- a retention (src/store/announcement.rs). Times are UTC text of one
--- format, so they compare as text. Two indexes only, since each one is
--- written again when a row is claimed or marked: IX_Outbox_Due serves the
--- claim (undispatched rows in the order they fall due: the scan stops at the
--- first not due yet; a parked row's NextAttemptAt is the end of time) and,
--- by its first column, the purge (the oldest DispatchedAt first). The claim
--- reads its rows back with RETURNING, not by ClaimToken.
+-- format, so they compare as text. IX_Outbox_DispatchedAt serves the purge
+-- (oldest DispatchedAt); IX_Outbox_Due the claim (undispatched rows in the
+-- order they fall due: the scan stops at the first not due yet; a parked
+-- row's NextAttemptAt is the end of time); IX_Outbox_ClaimToken the
+-- read-back of earlier versions' claims (this one's claim is one UPDATE …
+-- RETURNING). It is kept, though it costs writes: an earlier version on the
+-- same file (a rolling deploy, a rollback, an older CLI) reads by it, and its
+-- migrate would rebuild it over the whole table under the write lock
+-- (docs/benchmarks.md, "Where the writer's CPU goes").
 CREATE TABLE IF NOT EXISTS Outbox (
     Seq           INTEGER PRIMARY KEY,
     MessageId     TEXT NOT NULL,
@@ -96,10 +99,9 @@ CREATE TABLE IF NOT EXISTS Outbox (
     DispatchedAt  TEXT
 );
 CREATE UNIQUE INDEX IF NOT EXISTS UX_Outbox_MessageId ON Outbox (MessageId);
+CREATE INDEX IF NOT EXISTS IX_Outbox_DispatchedAt ON Outbox (DispatchedAt, Seq);
 CREATE INDEX IF NOT EXISTS IX_Outbox_Due ON Outbox (DispatchedAt, NextAttemptAt, Seq);
--- Made by the first outbox schema; they only cost writes (see above).
-DROP INDEX IF EXISTS IX_Outbox_DispatchedAt;
-DROP INDEX IF EXISTS IX_Outbox_ClaimToken;
+CREATE INDEX IF NOT EXISTS IX_Outbox_ClaimToken ON Outbox (ClaimToken);
 
 INSERT OR IGNORE INTO SchemaVersion (Version, AppliedAt)
 VALUES (1, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));

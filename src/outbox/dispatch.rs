@@ -77,6 +77,15 @@ pub const PURGE_BATCH: u32 = 500;
 /// How often the retention runs.
 pub const PURGE_EVERY: Duration = Duration::from_secs(3600);
 
+/// The retention's task, aborted when the dispatcher's loop is dropped.
+struct Retention(tokio::task::JoinHandle<()>);
+
+impl Drop for Retention {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The back-off of a row after its `attempts`-th failed send: 1 s doubling
 /// to 5 min.
 pub fn retry_in(attempts: i64) -> Duration {
@@ -281,12 +290,18 @@ impl Dispatcher {
     /// seconds must not wait behind it). Store failures are logged and
     /// waited out (the rows stay; nothing is lost).
     pub async fn run(self: Arc<Self>) {
-        tokio::spawn(Arc::clone(&self).retain());
+        // Ends with this loop (dropped with it), and started again if it
+        // ever ends by itself (a panic): the retention never stops unseen.
+        let mut retention = Retention(tokio::spawn(Arc::clone(&self).retain()));
         let wake = Arc::clone(&self.announcer.0);
         // A store that cannot be used (down, or its schema not verified
         // yet) is said once, and its return once, not every poll.
         let mut failing = false;
         loop {
+            if retention.0.is_finished() {
+                log::error!("outbox: the retention task ended unexpectedly; started again");
+                retention = Retention(tokio::spawn(Arc::clone(&self).retain()));
+            }
             match self.drain().await {
                 Err(e) if !failing => {
                     failing = true;

@@ -802,58 +802,35 @@ mod tests {
         assert_eq!(store.with(synchronous).await.unwrap(), 2);
     }
 
-    /// A database migrated by the first outbox schema had two more indexes,
-    /// each written again by every claim or mark: `migrate` drops them, and
-    /// the claim (by `RETURNING`) and the purge work without them.
+    /// The claim is one `UPDATE … RETURNING`: it hands back exactly the
+    /// rows it leased, the oldest due first, no more than its limit, in
+    /// `Seq` order; rows under another claim's lease are not handed back.
     #[tokio::test]
-    async fn migrate_drops_the_outbox_indexes_that_only_cost_writes() {
+    async fn a_claim_returns_exactly_the_rows_it_leased_oldest_first() {
         let dir = tempfile::tempdir().unwrap();
         let store =
             SqliteStore::open(&dir.path().join("orders.db"), Duration::from_secs(5)).expect("open");
-        let indexes = |conn: &mut Connection| {
-            let mut stmt = conn.prepare(
-                "SELECT name FROM sqlite_master
-                  WHERE type = 'index' AND tbl_name = 'Outbox' AND sql IS NOT NULL ORDER BY name",
-            )?;
-            let names = stmt.query_map([], |r| r.get::<_, String>(0))?;
-            names.collect::<Result<Vec<_>, _>>()
-        };
         store.migrate().await.expect("migrate");
-        // As the first outbox schema left them.
-        store
-            .with(|conn| {
-                conn.execute_batch(
-                    "CREATE INDEX IX_Outbox_DispatchedAt ON Outbox (DispatchedAt, Seq);
-                     CREATE INDEX IX_Outbox_ClaimToken ON Outbox (ClaimToken);",
-                )
-            })
-            .await
-            .unwrap();
-        assert_eq!(store.with(indexes).await.unwrap().len(), 4);
-        store.migrate().await.expect("migrate again");
-        assert_eq!(
-            store.with(indexes).await.unwrap(),
-            ["IX_Outbox_Due", "UX_Outbox_MessageId"]
-        );
-        let order = Order::from_data(&serde_json::json!({
-            "orderId": "ord-1", "accountId": "acct", "side": "buy",
-            "symbol": "MSFT", "quantity": "2"
-        }))
-        .expect("an order");
-        store.execute(&order, "evt-1", "{}").await.unwrap();
-        let claim = store
-            .claim_announcements(10, Duration::from_secs(60))
-            .await
-            .unwrap();
-        let ids: Vec<&str> = claim.rows.iter().map(|r| r.order_id.as_str()).collect();
-        assert_eq!(ids, ["ord-1"]);
-        let marked = store
-            .mark_announced(&[claim.rows[0].message_id.clone()])
-            .await
-            .unwrap();
-        assert_eq!(marked, 1);
-        tokio::time::sleep(Duration::from_millis(5)).await; // past DispatchedAt's millisecond
-        assert_eq!(store.purge_announced(Duration::ZERO, 10).await.unwrap(), 1);
+        let ids: Vec<String> = (1..=5).map(|i| format!("ord-{i}")).collect();
+        for id in &ids {
+            let order = Order::from_data(&serde_json::json!({
+                "orderId": id, "accountId": "acct", "side": "buy",
+                "symbol": "MSFT", "quantity": "2"
+            }))
+            .expect("an order");
+            store.execute(&order, "evt", "{}").await.unwrap();
+        }
+        let lease = Duration::from_secs(60);
+        let claimed = |claim: &crate::store::Claim| -> Vec<String> {
+            claim.rows.iter().map(|r| r.order_id.clone()).collect()
+        };
+        let first = store.claim_announcements(3, lease).await.unwrap();
+        assert_eq!(claimed(&first), ids[..3]);
+        assert!(first.rows.windows(2).all(|w| w[0].seq < w[1].seq));
+        let second = store.claim_announcements(10, lease).await.unwrap();
+        assert_eq!(claimed(&second), ids[3..], "the rest, not the leased");
+        let third = store.claim_announcements(10, lease).await.unwrap();
+        assert!(third.rows.is_empty(), "all leased: {:?}", third.rows);
     }
 
     /// The place a copy cannot share: the canonical path, the file's device

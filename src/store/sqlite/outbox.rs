@@ -84,8 +84,8 @@ pub(super) fn claim(
     limit: u32,
     lease: Duration,
 ) -> Result<Vec<Announcement>, rusqlite::Error> {
-    // `RETURNING` hands back the rows this statement claimed, so no index
-    // on `ClaimToken` is kept up to date on every claim to read them back.
+    // `RETURNING` hands back exactly the rows this statement claimed, in
+    // one statement, not a second read by `ClaimToken`.
     let mut stmt = conn.prepare_cached(&format!(
         "UPDATE Outbox SET LeaseUntil = {}, ClaimToken = ?1
           WHERE Seq IN (SELECT Seq FROM Outbox
