@@ -7,6 +7,7 @@
 mod common;
 
 use std::process::{Command, Stdio};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 /// What a `serve` did.
@@ -21,6 +22,11 @@ enum Serve {
 }
 
 /// `order-guard serve` with only `vars` (and `PATH`) set.
+///
+/// Whether it listened is read from its own log line (on stdout), not
+/// from a probe of its port: a connection to a free loopback port can
+/// succeed without it (a socket the kernel connects to itself, or another
+/// process that took the port), and then a refusal would be missed.
 fn serve(vars: &[(&str, &str)], wait: Duration) -> Serve {
     let dir = tempfile::tempdir().unwrap();
     let port = common::free_port().to_string();
@@ -31,32 +37,43 @@ fn serve(vars: &[(&str, &str)], wait: Duration) -> Serve {
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("FUNCTIONS_CUSTOMHANDLER_PORT", &port)
         .envs(vars.iter().copied())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let (listened, heard) = std::sync::mpsc::channel::<()>();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let its_port = format!(":{port} (");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in stdout.lines().map_while(Result::ok) {
+            if line.contains("order-guard listening on http://") && line.contains(&its_port) {
+                let _ = listened.send(());
+            }
+        }
+    });
     let started = Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            return Serve::Exited(
-                status.code().unwrap_or(-1),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            );
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+            return Serve::Exited(status.code().unwrap_or(-1), stderr);
         }
-        // Listening means it started: no refusal is coming.
-        let listening =
-            std::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap())).is_ok();
-        if listening || started.elapsed() > wait {
+        let outcome = match heard.recv_timeout(Duration::from_millis(20)) {
+            Ok(()) => Some(Serve::Listened),
+            // Its stdout closed without the line: it is exiting.
+            Err(RecvTimeoutError::Disconnected) => {
+                child.wait().unwrap();
+                continue;
+            }
+            Err(RecvTimeoutError::Timeout) if started.elapsed() > wait => Some(Serve::Hung),
+            Err(RecvTimeoutError::Timeout) => None,
+        };
+        if let Some(outcome) = outcome {
             let _ = child.kill();
             let _ = child.wait();
-            return if listening {
-                Serve::Listened
-            } else {
-                Serve::Hung
-            };
+            return outcome;
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
