@@ -18,15 +18,21 @@
 //!   thread of its own on the other CPU: one request a round);
 //! - **a million rows**: first-delivery rate with an empty outbox and
 //!   with a million dispatched rows past the retention in it, `status`'s
-//!   counts over them, then the retention purging them in its 500-row
-//!   batches while orders execute; on SQLite, and on SQL Server too when
+//!   counts over them, then the retention purging them while orders
+//!   execute: half unpaced, half paced as it runs in production
+//!   (`purge_rest`), each pass's purge rate and first-delivery rate; on
+//!   SQLite, and on SQL Server too when
 //!   `ORDER_GUARD_TEST_MSSQL` is set (`BENCH_OUTBOX_MSSQL_ROWS` rows,
 //!   default a million).
 //!
 //! ```sh
 //! scripts/ensure-azurite.sh
-//! cargo run --release --example outbox_bench -- [ORDERS]
+//! cargo run --release --example outbox_bench -- [ORDERS] [million|sqlserver]
 //! ```
+//!
+//! `million` runs the million-row phases alone, `sqlserver` SQL Server's
+//! alone; `BENCH_OUTBOX_PURGE_BATCH` sets the purge passes' batch
+//! (another than production's, to compare).
 
 #[path = "../tests/common/event_grid.rs"]
 #[allow(dead_code)]
@@ -593,7 +599,8 @@ async fn cost(
 /// First deliveries (c=16) with an empty outbox and after `fill` put
 /// `rows` dispatched rows past the retention in it (as a week of
 /// production would leave them), `status`'s counts over them, then the
-/// retention purging them in its batches while orders execute.
+/// retention purging them while orders execute: the older half unpaced,
+/// the rest as production paces it.
 async fn million_rows(
     label: &str,
     store: Arc<dyn OrderStore>,
@@ -624,30 +631,90 @@ async fn million_rows(
         "first deliveries ({label}, c=16, {n} orders) with an empty outbox / with {rows} rows in it: {before:.0} / {with_rows:.0} events/s ({:+.1} %)",
         100.0 * (with_rows - before) / before
     );
+    // Half the rows are a day older than the other half, interleaved over
+    // the index: the unpaced purge takes the older half, the paced one
+    // (the default) the rest, each while orders run.
+    let unpaced = retention_pass(
+        &format!("({label}) unpaced (rest 0)"),
+        &store,
+        processor,
+        n,
+        DispatchSettings {
+            retention: Duration::from_secs(8 * 24 * 3600 + 12 * 3600),
+            purge_rest: 0,
+            ..DispatchSettings::default()
+        },
+    )
+    .await?;
+    let paced = retention_pass(
+        &format!("({label}) paced (the default)"),
+        &store,
+        processor,
+        n,
+        DispatchSettings::default(),
+    )
+    .await?;
+    if unpaced + paced != rows as u64 {
+        bail!("purged {unpaced} + {paced} of {rows}");
+    }
+    let after = first_deliveries(processor, n, 16).await?;
+    println!(
+        "outbox retention ({label}): first deliveries with no purge running, before it / after it: {before:.0} / {after:.0} events/s"
+    );
+    Ok(())
+}
+
+/// One retention pass (a purge to its end, `settings`' batch and rest)
+/// while first deliveries (c=16) run in rounds of `n / 4` until it ends;
+/// prints both rates and answers the rows purged.
+async fn retention_pass(
+    how: &str,
+    store: &Arc<dyn OrderStore>,
+    processor: &Arc<Processor>,
+    n: usize,
+    mut settings: DispatchSettings,
+) -> anyhow::Result<u64> {
+    // Another batch than production's, to compare.
+    if let Ok(batch) = std::env::var("BENCH_OUTBOX_PURGE_BATCH") {
+        settings.purge_batch = batch
+            .parse()
+            .context("BENCH_OUTBOX_PURGE_BATCH must be a number")?;
+    }
+    let (batch, rest) = (settings.purge_batch, settings.purge_rest);
     let purger = Dispatcher::new(
-        Arc::clone(&store),
+        Arc::clone(store),
         Destination::Queue(QueueDestination::new(QueueSettings {
             storage: parse_storage_of("UseDevelopmentStorage=true", Service::Queue)
                 .map_err(anyhow::Error::msg)?,
             queue: "unused".into(),
             encoding: Encoding::Base64,
         })),
-        DispatchSettings::default(),
+        settings,
     );
+    let done = std::sync::atomic::AtomicBool::new(false);
     let started = Instant::now();
-    let (purged, during) = tokio::join!(purger.purge(), first_deliveries(processor, n, 16));
-    let took = started.elapsed();
+    let purge = async {
+        let purged = purger.purge().await;
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (purged, started.elapsed())
+    };
+    let orders = async {
+        let (mut executed, round) = (0, (n / 4).max(1));
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            first_deliveries(processor, round, 16).await?;
+            executed += round;
+        }
+        Ok::<_, anyhow::Error>(executed as f64 / started.elapsed().as_secs_f64())
+    };
+    let ((purged, took), during) = tokio::join!(purge, orders);
     let purged = purged?;
-    if purged as usize != rows {
-        bail!("purged {purged} of {rows}");
-    }
     println!(
-        "outbox retention ({label}): {purged} rows purged in {:.1} s ({:.0} rows/s, 500 a transaction) while first deliveries ran at {:.0} events/s",
+        "outbox retention {how}: {purged} rows purged in {:.1} s ({:.0} rows/s, {batch} a transaction, a rest of {rest} × each) while first deliveries (c=16) ran at {:.0} events/s",
         took.as_secs_f64(),
         purged as f64 / took.as_secs_f64(),
         during?
     );
-    Ok(())
+    Ok(purged)
 }
 
 async fn million_sqlite(n: usize, rows: usize) -> anyhow::Result<()> {
@@ -663,15 +730,25 @@ async fn million_sqlite(n: usize, rows: usize) -> anyhow::Result<()> {
                     PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt, LeaseUntil,
                     DispatchedAt)
                  VALUES (?1, 'OrderExecuted', ?2, 'acct', 'buy', 'MSFT', '1', '1', 'v2:x',
-                    strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-8 days'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-8 days'),
-                    strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-8 days'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-8 days'),
-                    strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-8 days'))",
+                    ?3, ?3, ?3, ?3, ?3)",
             )?;
+            let stamp = |days: i64| -> rusqlite::Result<String> {
+                tx.query_row(
+                    "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?1)",
+                    [format!("-{days} days")],
+                    |r| r.get(0),
+                )
+            };
+            let ages = [stamp(8)?, stamp(9)?];
             for i in 0..rows {
                 // Message ids as production makes them: spread over the
                 // whole unique index, where each new one lands.
                 let order_id = format!("old-{i}");
-                insert.execute([order_guard::store::message_id(&order_id), order_id])?;
+                insert.execute([
+                    order_guard::store::message_id(&order_id),
+                    order_id,
+                    ages[i % 2].clone(),
+                ])?;
             }
         }
         tx.commit()?;
@@ -689,7 +766,9 @@ async fn million_sqlite(n: usize, rows: usize) -> anyhow::Result<()> {
 }
 
 /// The same on SQL Server (`ORDER_GUARD_TEST_MSSQL`, the owner's string):
-/// the rows written by the server itself, 100 000 a statement.
+/// the rows written by the server itself, 100 000 a statement, their
+/// message ids random UUIDs (spread over the unique index as production's
+/// are).
 async fn million_sqlserver(cs: &str, n: usize, rows: usize) -> anyhow::Result<()> {
     use tokio_util::compat::TokioAsyncWriteCompatExt;
     let store = Arc::new(SqlServerStore::connect(
@@ -721,12 +800,12 @@ async fn million_sqlserver(cs: &str, n: usize, rows: usize) -> anyhow::Result<()
                 "INSERT INTO dbo.Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, \
                     Quantity, PositionUnits, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt, \
                     LeaseUntil, DispatchedAt) \
-                 SELECT CONCAT(N'old-', {first} + t.n), N'OrderExecuted', CONCAT(N'old-', {first} + t.n), \
+                 SELECT LOWER(CONVERT(NVARCHAR(36), NEWID())), N'OrderExecuted', CONCAT(N'old-', {first} + t.n), \
                     N'acct', N'buy', N'MSFT', 1, 1, N'v2:x', w.d, w.d, w.d, w.d, w.d \
                  FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS n \
                        FROM {digits} AS a (d) CROSS JOIN {digits} AS b (d) CROSS JOIN {digits} AS c (d) \
                        CROSS JOIN {digits} AS e (d) CROSS JOIN {digits} AS f (d)) AS t \
-                 CROSS JOIN (SELECT DATEADD(DAY, -8, SYSUTCDATETIME()) AS d) AS w \
+                 CROSS APPLY (SELECT DATEADD(DAY, -8 - ({first} + t.n) % 2, SYSUTCDATETIME()) AS d) AS w \
                  WHERE t.n < {take}"
             );
             client.simple_query(sql).await?.into_results().await?;
@@ -791,6 +870,34 @@ async fn run() -> anyhow::Result<()> {
         .transpose()
         .context("ORDERS must be a number")?
         .unwrap_or(2000);
+    // `outbox_bench ORDERS million`: the million-row phases alone;
+    // `outbox_bench ORDERS sqlserver`: SQL Server's alone.
+    let only = std::env::args().nth(2);
+    if only.is_none() {
+        announcing(n).await?;
+    }
+    if only.as_deref() != Some("sqlserver") {
+        million_sqlite(n, 1_000_000).await?;
+    }
+    match std::env::var("ORDER_GUARD_TEST_MSSQL") {
+        Ok(cs) if !cs.is_empty() => {
+            let rows = std::env::var("BENCH_OUTBOX_MSSQL_ROWS")
+                .ok()
+                .map(|r| r.parse())
+                .transpose()
+                .context("BENCH_OUTBOX_MSSQL_ROWS must be a number")?
+                .unwrap_or(1_000_000);
+            million_sqlserver(&cs, n, rows).await?;
+        }
+        _ => println!(
+            "outbox on SQL Server: NOT RUN (ORDER_GUARD_TEST_MSSQL is not set; scripts/bench.sh sets it when the T-SQL engine is there)"
+        ),
+    }
+    Ok(())
+}
+
+/// Every phase but the million rows': latency, throughput and cost.
+async fn announcing(n: usize) -> anyhow::Result<()> {
     let queue = QueueService::start()?;
     latency(&queue, (n / 10).max(50)).await?;
     throughput(&queue, n).await?;
@@ -819,20 +926,5 @@ async fn run() -> anyhow::Result<()> {
         5,
     )
     .await?;
-    million_sqlite(n, 1_000_000).await?;
-    match std::env::var("ORDER_GUARD_TEST_MSSQL") {
-        Ok(cs) if !cs.is_empty() => {
-            let rows = std::env::var("BENCH_OUTBOX_MSSQL_ROWS")
-                .ok()
-                .map(|r| r.parse())
-                .transpose()
-                .context("BENCH_OUTBOX_MSSQL_ROWS must be a number")?
-                .unwrap_or(1_000_000);
-            million_sqlserver(&cs, n, rows).await?;
-        }
-        _ => println!(
-            "outbox on SQL Server: NOT RUN (ORDER_GUARD_TEST_MSSQL is not set; scripts/bench.sh sets it when the T-SQL engine is there)"
-        ),
-    }
     Ok(())
 }

@@ -17,6 +17,9 @@
 # 4. runs every test target, with the fault points compiled in;
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step's header says when it began (minutes into the run): where CI's
+# time goes, read from its log.
+step() { printf '==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 scripts/ensure-redis.sh
 scripts/ensure-azurite.sh
@@ -45,21 +48,22 @@ else
   echo "==> SQL Server tests will run against ORDER_GUARD_TEST_MSSQL"
 fi
 
-echo "==> cargo fmt --check (and fuzz/, a crate of its own)"
+step "cargo fmt --check (and fuzz/, a crate of its own)"
 cargo fmt --all -- --check
 (cd fuzz && cargo fmt --all -- --check)
 
-echo "==> cargo clippy --all-targets -- -D warnings"
+step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets --features failpoints -- -D warnings
 
-echo "==> cargo test --all-targets --features failpoints"
+step "cargo test --all-targets --features failpoints"
 cargo test --all-targets --features failpoints "$@"
 
 # 5. With ORDER_GUARD_FUZZ_SECONDS (.ci/run sets 30), every fuzz target for
 #    that long on its corpus (scripts/fuzz.sh; a fresh machine adds about
 #    8 minutes: installing cargo-fuzz and the instrumented build).
 if [ -n "${ORDER_GUARD_FUZZ_SECONDS:-}" ]; then
-  echo "==> scripts/fuzz.sh all $ORDER_GUARD_FUZZ_SECONDS"
+  step "scripts/fuzz.sh all $ORDER_GUARD_FUZZ_SECONDS"
   scripts/fuzz.sh all "$ORDER_GUARD_FUZZ_SECONDS"
 fi
+step "all passed"
