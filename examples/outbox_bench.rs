@@ -873,6 +873,12 @@ async fn run() -> anyhow::Result<()> {
     // `outbox_bench ORDERS million`: the million-row phases alone;
     // `outbox_bench ORDERS sqlserver`: SQL Server's alone.
     let only = std::env::args().nth(2);
+    if let Some(other) = only
+        .as_deref()
+        .filter(|o| !["million", "sqlserver"].contains(o))
+    {
+        bail!("unknown phase {other:?}: `million` or `sqlserver`, or nothing for every phase");
+    }
     if only.is_none() {
         announcing(n).await?;
     }
