@@ -538,7 +538,7 @@ async fn main() -> anyhow::Result<()> {
         env_logger::Env::default().default_filter_or("error,tiberius=off"),
     )
     .try_init();
-    order_guard::app::init_tls();
+    order_guard::tls::install_crypto_provider();
     let n: usize = std::env::args()
         .nth(1)
         .map(|a| a.parse().context("ORDERS must be a number"))

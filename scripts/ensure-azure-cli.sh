@@ -19,6 +19,9 @@ fi
 echo "==> installing azure-cli $version (PyPI) into $venv" >&2
 rm -rf "$venv"
 python3 -m venv "$venv" >&2
-"$venv/bin/pip" install --quiet --disable-pip-version-check "azure-cli==$version" >&2
+# --no-compile: byte-compiling the whole package (tens of thousands of
+# files) took half the install; the few modules a parse imports are
+# compiled when first imported.
+"$venv/bin/pip" install --quiet --no-compile --disable-pip-version-check "azure-cli==$version" >&2
 echo "$version" > "$venv/.version"
 echo "$az"

@@ -5,10 +5,25 @@
 # inputs run and the coverage (libFuzzer's final `#N DONE cov: … ft: …`).
 # Stable toolchain: RUSTC_BOOTSTRAP=1 lets cargo-fuzz pass its nightly flags.
 # A crash stops the run (exit non-zero); its input is under fuzz/artifacts/.
+#
+# ORDER_GUARD_FUZZ_BUILD picks the build:
+#   release (default)  optimised, with AddressSanitizer: the most inputs a
+#                      second, for a real campaign; a cold build of the whole
+#                      tree so instrumented takes about 15 min on 2 cores;
+#   quick              fuzz/Cargo.toml's dev profile (opt-level 1) without a
+#                      sanitizer (the fuzzed code is safe Rust; a panic is
+#                      still a finding): a cold build in about half the time,
+#                      fewer inputs a second. .ci/run sets it: CI's 30 s a
+#                      target replay the corpus and explore a little.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${1:-all}"
 seconds="${2:-30}"
+case "${ORDER_GUARD_FUZZ_BUILD:-release}" in
+  release) build=(-O) ;;
+  quick) build=(--dev -s none) ;;
+  *) echo "fuzz.sh: ORDER_GUARD_FUZZ_BUILD must be release or quick, not ${ORDER_GUARD_FUZZ_BUILD}" >&2; exit 2 ;;
+esac
 export RUSTC_BOOTSTRAP=1
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "fuzz.sh: installing cargo-fuzz" >&2
@@ -18,7 +33,7 @@ targets=(invocation connection_strings numbers dead_letters)
 if [[ "$target" != all ]]; then
   targets=("$target")
 fi
-if [[ "$target" == all ]]; then cargo fuzz build -O; else cargo fuzz build -O "$target"; fi
+if [[ "$target" == all ]]; then cargo fuzz build "${build[@]}"; else cargo fuzz build "${build[@]}" "$target"; fi
 summary=()
 for t in "${targets[@]}"; do
   mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t"
@@ -28,7 +43,7 @@ for t in "${targets[@]}"; do
   cp -r "fuzz/corpus/$t/." "$work/"
   echo "fuzz.sh: $t for ${seconds}s" >&2
   status=0
-  cargo fuzz run -O "$t" "$work" "fuzz/corpus/$t" -- \
+  cargo fuzz run "${build[@]}" "$t" "$work" "fuzz/corpus/$t" -- \
     -max_total_time="$seconds" -jobs=1 -workers=1 -print_final_stats=0 2>"$log" || status=$?
   # With -jobs=1 libFuzzer runs the fuzzer in a child whose output is
   # fuzz-0.log in the current directory.
@@ -38,6 +53,7 @@ for t in "${targets[@]}"; do
   if [[ $status -ne 0 ]]; then
     grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)|^ +#[0-9]+ 0x' "$log" | tail -40 >&2
     echo "fuzz.sh: $t FAILED (exit $status); input saved under fuzz/artifacts/$t/" >&2
+    echo "fuzz.sh: reproduce with RUSTC_BOOTSTRAP=1 cargo fuzz run ${build[*]} $t fuzz/artifacts/$t/<file>" >&2
     exit "$status"
   fi
   rm -f "$log"

@@ -4,6 +4,11 @@
 #
 #   scripts/package.sh            writes dist/order-guard-<version>-linux-x64.zip
 #
+# ORDER_GUARD_PACKAGE_PROFILE names the cargo profile (default release, what
+# you deploy). tests/package.rs sets dev: it checks the layout, the static
+# link and the start, not the optimizer, and a release build of the whole
+# tree for musl was a fifth of CI's time.
+#
 # Why musl: a glibc build needs the build machine's glibc or older on the
 # Functions worker image; a static musl binary runs on any of them
 # (Microsoft's Rust custom-handler quickstart builds this target too).
@@ -13,6 +18,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target=x86_64-unknown-linux-musl
+profile="${ORDER_GUARD_PACKAGE_PROFILE:-release}"
+# cargo's output folder for a profile: dev's is `debug`.
+profile_dir=$profile
+[ "$profile" = dev ] && profile_dir=debug
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 out=dist/order-guard-$version-linux-x64.zip
 
@@ -40,9 +49,9 @@ if ! command -v zip >/dev/null; then
     || { echo "error: cannot install zip; run: sudo apt-get install -y zip" >&2; exit 1; }
 fi
 
-echo "==> cargo build --release --target $target" >&2
-CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --locked --target "$target" --bin order-guard >&2
-binary=target/$target/release/order-guard
+echo "==> cargo build --profile $profile --target $target" >&2
+CC_x86_64_unknown_linux_musl=musl-gcc cargo build --profile "$profile" --locked --target "$target" --bin order-guard >&2
+binary=target/$target/$profile_dir/order-guard
 
 # A static binary asks for no program interpreter (no dynamic loader).
 if readelf -l "$binary" | grep -q 'program interpreter'; then
@@ -64,7 +73,7 @@ rm -f "$out"
 
 echo "$out"
 cat >&2 <<EOF
-==> wrote $out (static $target binary, executable bit kept)
+==> wrote $out (static $target binary, profile $profile, executable bit kept)
 Publish it:
   zip deploy:  az functionapp deployment source config-zip -g <resource-group> -n <app> --src $out
   or:          unzip $out -d app && cd app && func azure functionapp publish <app>

@@ -448,6 +448,7 @@ fn check_identity_env() -> Result<(), TokenError> {
 fn managed_identity_credential(
     client_id: Option<String>,
 ) -> Result<Arc<dyn TokenCredential>, String> {
+    crate::tls::install_crypto_provider();
     let options = ManagedIdentityCredentialOptions {
         user_assigned_id: client_id.map(UserAssignedId::ClientId),
         ..Default::default()
@@ -460,6 +461,7 @@ fn managed_identity_credential(
 
 /// The `Active Directory Default` chain for the environment as it is now.
 pub fn default_chain_credential(client_id: Option<String>, timeout: Duration) -> ChainCredential {
+    crate::tls::install_crypto_provider();
     let mut links = Vec::new();
     const WORKLOAD: &str = "WorkloadIdentityCredential";
     if env_set("AZURE_FEDERATED_TOKEN_FILE") {

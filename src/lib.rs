@@ -9,7 +9,8 @@
 //! [`config`] reads the environment (and [`hosting`], pure, says which Azure
 //! hosting plan it describes); [`app`] wires the pieces together for the
 //! binary's commands; [`logging`] puts each log line on the stream that
-//! gives it its severity on the Functions host.
+//! gives it its severity on the Functions host; [`tls`] installs the one
+//! TLS crypto provider every HTTPS and `rediss://` client uses.
 
 pub mod app;
 pub mod config;
@@ -29,3 +30,4 @@ pub mod position;
 pub mod processor;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

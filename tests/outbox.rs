@@ -235,6 +235,7 @@ async fn the_dispatchers_sas_may_only_add_to_its_queue() {
         std::time::SystemTime::now() + Duration::from_secs(600),
     )
     .unwrap();
+    order_guard::tls::install_crypto_provider();
     let client = |queue: &str| {
         azure_storage_queue::QueueClient::new(
             azure_core::http::Url::parse(&format!("{}/{queue}?{sas}", azurite.endpoint())).unwrap(),

@@ -193,6 +193,7 @@ async fn refusals_defer_or_park_and_lose_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_contract_endpoint_refuses_what_event_grid_refuses() {
     let topic = EventGridTopic::start("k", false).await;
+    order_guard::tls::install_crypto_provider();
     let client = reqwest::Client::new();
     let post = |url: String, key: Option<&'static str>, ct: &'static str, body: String| {
         let mut r = client.post(url).header("content-type", ct).body(body);

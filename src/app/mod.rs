@@ -29,21 +29,13 @@ pub fn init_logging() {
     crate::logging::init();
 }
 
-/// Install the process's TLS crypto provider (aws-lc-rs) for every rustls
-/// user (the Redis client, Entra ID's HTTPS). rustls picks one by itself only
-/// when exactly one is compiled in; saying it here keeps `rediss://` working
-/// whatever another dependency enables. Idempotent.
-pub fn init_tls() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-}
-
 /// How long one Entra ID token request for Redis may take (per link of the
 /// credential chain): an identity endpoint is slower than a Redis call.
 const ENTRA_TOKEN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The guard the configuration asks for.
 pub fn build_guard(config: &Config) -> anyhow::Result<Arc<dyn IdempotencyGuard>> {
-    init_tls();
+    crate::tls::install_crypto_provider();
     Ok(match &config.guard {
         GuardConfig::Memory => Arc::new(MemoryGuard::bounded(
             config.guard_settings.clone(),
@@ -833,7 +825,6 @@ pub fn dead_letter_container(config: &Config) -> anyhow::Result<crate::deadlette
     let settings = config.dead_letter.as_ref().ok_or_else(|| {
         anyhow::anyhow!("DEAD_LETTER_STORAGE is not set: give the dead-letter storage account's connection string or the container's URL (and DEAD_LETTER_CONTAINER, default {})", crate::config::DEFAULT_DEAD_LETTER_CONTAINER)
     })?;
-    init_tls();
     Ok(crate::deadletter::Container::open(settings)?)
 }
 

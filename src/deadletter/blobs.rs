@@ -85,6 +85,7 @@ pub struct Container {
 impl Container {
     /// A client for the container; sends nothing yet.
     pub fn open(settings: &DeadLetterSettings) -> Result<Container, BlobError> {
+        crate::tls::install_crypto_provider();
         let target = &settings.storage;
         let options = ClientOptions::new()
             .with_timeout(REQUEST_TIMEOUT)

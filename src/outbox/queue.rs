@@ -112,6 +112,7 @@ impl QueueDestination {
         let mut options = QueueClientOptions::default();
         // The outbox retries by itself, row by row, with its own back-off.
         options.client_options.retry = azure_core::http::RetryOptions::none();
+        crate::tls::install_crypto_provider();
         let client = Arc::new(
             QueueClient::new(url, credential, Some(options))
                 .map_err(|e| format!("cannot make the queue client: {e}"))?,

@@ -67,6 +67,7 @@ pub struct TopicDestination {
 
 impl TopicDestination {
     pub fn new(settings: TopicSettings) -> Result<TopicDestination, String> {
+        crate::tls::install_crypto_provider();
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()

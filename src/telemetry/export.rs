@@ -49,6 +49,8 @@ impl Providers {
         C: HttpClient + Clone + 'static,
         F: FnOnce() -> Result<C, TelemetryError>,
     {
+        // The OTLP exporters build reqwest clients of their own.
+        crate::tls::install_crypto_provider();
         let resource = Resource::builder_empty()
             .with_service_name(settings.service_name.clone())
             .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))

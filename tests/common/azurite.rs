@@ -135,6 +135,7 @@ impl Azurite {
         )
         .unwrap();
         let url = format!("{}/{queue}?{sas}", self.endpoint());
+        order_guard::tls::install_crypto_provider();
         let client = azure_storage_queue::QueueClient::new(
             azure_core::http::Url::parse(&url).unwrap(),
             None,

@@ -81,6 +81,7 @@ impl HttpClient for PlainHttp {
 }
 
 fn plain_http() -> Result<PlainHttp, TelemetryError> {
+    order_guard::tls::install_crypto_provider();
     std::thread::spawn(reqwest::blocking::Client::new)
         .join()
         .map(PlainHttp)

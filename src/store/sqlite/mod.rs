@@ -35,6 +35,7 @@ use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
 use rust_decimal::Decimal;
 
 mod outbox;
+mod schema;
 
 use super::{
     Announcement, Claim, Deferral, Execution, Listing, OrderRecord, OrderStore, OutboxCounts,
@@ -43,7 +44,6 @@ use super::{
 use crate::order::{Order, OrderStatus};
 use crate::position::Position;
 
-const SCHEMA: &str = include_str!("../../../sql/sqlite/schema.sql");
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 /// At most this many calls share one commit.
@@ -533,12 +533,7 @@ impl OrderStore for SqliteStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        self.with(|conn| {
-            let tx = conn.savepoint()?;
-            tx.execute_batch(SCHEMA)?;
-            tx.commit()
-        })
-        .await
+        self.with(schema::migrate).await
     }
 
     async fn identity(&self) -> Result<String, StoreError> {

@@ -1,0 +1,124 @@
+//! The SQLite schema (`sql/sqlite/schema.sql`) and what `migrate` changes
+//! in a file an earlier version made.
+
+use rusqlite::Connection;
+
+const SCHEMA: &str = include_str!("../../../sql/sqlite/schema.sql");
+
+/// Outbox indexes an earlier version made over every row and this one makes
+/// partial (over the rows their queries read). A full one took each new,
+/// undispatched row at the far left of an index that holds every row kept
+/// for the retention: with a million rows in the table that cost first
+/// deliveries about a third of their rate (docs/benchmarks.md).
+const MADE_PARTIAL: [&str; 3] = [
+    "IX_Outbox_DispatchedAt",
+    "IX_Outbox_Due",
+    "IX_Outbox_ClaimToken",
+];
+
+/// Make or complete the schema in one transaction: an index of
+/// [`MADE_PARTIAL`] still in its full form is dropped first, so the
+/// schema's `CREATE INDEX IF NOT EXISTS` makes it again, partial (one scan
+/// of the table each, once). An earlier version's migrate finds the names
+/// and leaves the partial ones be; its queries carry the same filters, so
+/// they use them.
+pub(super) fn migrate(conn: &mut Connection) -> Result<(), rusqlite::Error> {
+    let tx = conn.savepoint()?;
+    for name in MADE_PARTIAL {
+        let full: bool = tx.query_row(
+            "SELECT COUNT(*) FROM sqlite_master
+              WHERE type = 'index' AND name = ?1 AND instr(upper(sql), ' WHERE ') = 0",
+            [name],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if full {
+            tx.execute_batch(&format!("DROP INDEX {name}"))?;
+        }
+    }
+    tx.execute_batch(SCHEMA)?;
+    tx.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index_sql(conn: &Connection, name: &str) -> String {
+        conn.query_row(
+            "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = ?1",
+            [name],
+            |r| r.get(0),
+        )
+        .unwrap()
+    }
+
+    fn plan(conn: &Connection, query: &str) -> String {
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {query}"))
+            .unwrap();
+        let rows = stmt.query_map([], |r| r.get::<_, String>(3)).unwrap();
+        rows.map(Result::unwrap).collect::<Vec<_>>().join("; ")
+    }
+
+    /// A file with the earlier full indexes and rows in its outbox: migrate
+    /// makes the three partial, keeps every row, and the queries of the
+    /// claim, the purge and an earlier version's read-back by claim use them.
+    #[test]
+    fn migrate_makes_the_earlier_full_outbox_indexes_partial() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = Connection::open(dir.path().join("orders.db")).unwrap();
+        migrate(&mut conn).unwrap();
+        conn.execute_batch(
+            "DROP INDEX IX_Outbox_DispatchedAt; DROP INDEX IX_Outbox_Due;
+             DROP INDEX IX_Outbox_ClaimToken;
+             CREATE INDEX IX_Outbox_DispatchedAt ON Outbox (DispatchedAt, Seq);
+             CREATE INDEX IX_Outbox_Due ON Outbox (DispatchedAt, NextAttemptAt, Seq);
+             CREATE INDEX IX_Outbox_ClaimToken ON Outbox (ClaimToken);
+             INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
+                 PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt,
+                 LeaseUntil, DispatchedAt)
+             VALUES ('m1', 'OrderExecuted', 'o1', 'a', 'buy', 'MSFT', '1', '1', 'v2:x',
+                     't', 't', 't', 't', 't'),
+                    ('m2', 'OrderExecuted', 'o2', 'a', 'buy', 'MSFT', '1', '2', 'v2:x',
+                     't', 't', 't', 't', NULL);",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        for name in MADE_PARTIAL {
+            let sql = index_sql(&conn, name);
+            assert!(sql.contains(" WHERE "), "{name} is still full: {sql}");
+        }
+        let rows: i64 = conn
+            .query_row("SELECT COUNT(*) FROM Outbox", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 2);
+        let claim = plan(
+            &conn,
+            "SELECT Seq FROM Outbox WHERE DispatchedAt IS NULL AND NextAttemptAt <= 'z'
+               AND Parked = 0 AND LeaseUntil <= 'z' ORDER BY NextAttemptAt, Seq LIMIT 10",
+        );
+        assert!(claim.contains("IX_Outbox_Due"), "the claim: {claim}");
+        let purge = plan(
+            &conn,
+            "SELECT Seq FROM Outbox WHERE DispatchedAt IS NOT NULL AND DispatchedAt < 'z'
+              ORDER BY DispatchedAt LIMIT 10",
+        );
+        assert!(
+            purge.contains("IX_Outbox_DispatchedAt"),
+            "the purge: {purge}"
+        );
+        let read_back = plan(
+            &conn,
+            "SELECT Seq FROM Outbox WHERE ClaimToken = 'c' AND DispatchedAt IS NULL ORDER BY Seq",
+        );
+        assert!(
+            read_back.contains("IX_Outbox_ClaimToken") || read_back.contains("IX_Outbox_Due"),
+            "an earlier version's read-back by claim scans the table: {read_back}"
+        );
+        // Migrating again changes nothing.
+        let before: Vec<String> = MADE_PARTIAL.iter().map(|n| index_sql(&conn, n)).collect();
+        migrate(&mut conn).unwrap();
+        let after: Vec<String> = MADE_PARTIAL.iter().map(|n| index_sql(&conn, n)).collect();
+        assert_eq!(before, after);
+    }
+}
