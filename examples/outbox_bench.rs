@@ -156,6 +156,7 @@ impl QueueService {
         let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&b64.decode(EMULATOR_KEY)?)?;
         mac.update(to_sign.as_bytes());
         let signature = b64.encode(mac.finalize().into_bytes());
+        order_guard::tls::install_crypto_provider();
         let status = reqwest::Client::new()
             .put(format!("{}/{name}", self.endpoint()))
             .header("x-ms-date", date)
