@@ -297,7 +297,6 @@ fn the_parts_of_a_command_are_found_and_replaced() {
 #[test]
 fn every_az_command_shown_is_accepted_by_azure_cli() {
     let az = az();
-    let config_dir = tempfile::tempdir().unwrap();
     let mut commands: Vec<(String, String)> = Vec::new();
     for doc in documents() {
         let text = std::fs::read_to_string(&doc).unwrap();
@@ -315,9 +314,36 @@ fn every_az_command_shown_is_accepted_by_azure_cli() {
         "too few az commands found ({}): the extraction is broken",
         commands.len()
     );
+    // Each `az` is a Python process of its own, a second or more of CPU:
+    // one worker per CPU, each with its own configuration folder (az writes
+    // there), the verdicts then read in the documents' order.
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut verdicts: Vec<Option<Verdict>> = (0..commands.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let (az, commands) = (&az, &commands);
+                scope.spawn(move || {
+                    let config_dir = tempfile::tempdir().unwrap();
+                    (w..commands.len())
+                        .step_by(workers)
+                        .map(|i| (i, judge(az, config_dir.path(), &commands[i].1)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for handle in handles {
+            for (i, verdict) in handle
+                .join()
+                .expect("a worker judging az commands panicked")
+            {
+                verdicts[i] = Some(verdict);
+            }
+        }
+    });
     let (mut refused, mut unchecked) = (Vec::new(), Vec::new());
-    for (doc, command) in &commands {
-        match judge(&az, config_dir.path(), command) {
+    for ((doc, command), verdict) in commands.iter().zip(verdicts) {
+        match verdict.expect("every command judged") {
             Verdict::Accepted => println!("accepted  {doc}: {command}"),
             Verdict::Refused(why) => {
                 println!("REFUSED   {doc}: {command}\n          {why}");
