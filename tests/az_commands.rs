@@ -318,8 +318,7 @@ fn every_az_command_shown_is_accepted_by_azure_cli() {
     // one worker per CPU, each with its own configuration folder (az writes
     // there), the verdicts then read in the documents' order.
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut verdicts: Vec<Option<Verdict>> = (0..commands.len()).map(|_| None).collect();
-    std::thread::scope(|scope| {
+    let mut verdicts: Vec<(usize, Verdict)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
                 let (az, commands) = (&az, &commands);
@@ -332,18 +331,16 @@ fn every_az_command_shown_is_accepted_by_azure_cli() {
                 })
             })
             .collect();
-        for handle in handles {
-            for (i, verdict) in handle
-                .join()
-                .expect("a worker judging az commands panicked")
-            {
-                verdicts[i] = Some(verdict);
-            }
-        }
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a worker judging az commands panicked"))
+            .collect()
     });
+    verdicts.sort_by_key(|(i, _)| *i);
+    assert_eq!(verdicts.len(), commands.len(), "every command judged");
     let (mut refused, mut unchecked) = (Vec::new(), Vec::new());
-    for ((doc, command), verdict) in commands.iter().zip(verdicts) {
-        match verdict.expect("every command judged") {
+    for ((doc, command), (_, verdict)) in commands.iter().zip(verdicts) {
+        match verdict {
             Verdict::Accepted => println!("accepted  {doc}: {command}"),
             Verdict::Refused(why) => {
                 println!("REFUSED   {doc}: {command}\n          {why}");
