@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing (fuzz/, cargo-fuzz): scripts/fuzz.sh [TARGET|all] [SECONDS]
+#                                       or scripts/fuzz.sh build
 # Runs one target or all of them, one after another, for SECONDS each
 # (default 30) on the committed corpus, one job, and prints per target the
 # inputs run and the coverage (libFuzzer's final `#N DONE cov: … ft: …`).
 # Stable toolchain: RUSTC_BOOTSTRAP=1 lets cargo-fuzz pass its nightly flags.
 # A crash stops the run (exit non-zero); its input is under fuzz/artifacts/.
+# `build` only builds every target (and installs cargo-fuzz when missing):
+# scripts/test.sh starts it niced at the beginning, so the build uses the
+# CPU the tests leave idle, and the runs later find it done.
 #
 # ORDER_GUARD_FUZZ_BUILD picks the build:
 #   release (default)  optimised, with AddressSanitizer: the most inputs a
@@ -28,6 +32,9 @@ export RUSTC_BOOTSTRAP=1
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "fuzz.sh: installing cargo-fuzz" >&2
   cargo install cargo-fuzz --locked
+fi
+if [[ "$target" == build ]]; then
+  exec cargo fuzz build "${build[@]}"
 fi
 targets=(invocation connection_strings numbers dead_letters)
 if [[ "$target" != all ]]; then
