@@ -17,7 +17,8 @@
 //!   (the tests' contract endpoint, `tests/common/event_grid.rs`, on a
 //!   thread of its own on the other CPU: one request a round);
 //! - **a million rows**: first-delivery rate with an empty outbox and
-//!   with a million dispatched rows past the retention in it, `status`'s
+//!   with a million dispatched rows past the retention in it (on SQLite
+//!   two files, in interleaved rounds), `status`'s
 //!   counts over them, then the retention purging them while orders
 //!   execute: half unpaced, half paced as it runs in production
 //!   (`purge_rest`), each pass's purge rate and first-delivery rate; on
@@ -53,7 +54,7 @@ use order_guard::outbox::{
 };
 use order_guard::processor::{OutcomeKind, Processor, ProcessorSettings};
 use order_guard::store::sqlserver::SqlServerSettings;
-use order_guard::store::{OrderStore, SqlServerStore, SqliteStore};
+use order_guard::store::{Listing, OrderStore, SqlServerStore, SqliteStore};
 use serde_json::json;
 
 fn unique(tag: &str) -> String {
@@ -597,15 +598,26 @@ async fn cost(
     Ok(())
 }
 
+/// Pairs of interleaved rounds in the comparison with an empty outbox.
+const PAIRS: usize = 5;
+
 /// First deliveries (c=16) with an empty outbox and after `fill` put
 /// `rows` dispatched rows past the retention in it (as a week of
 /// production would leave them), `status`'s counts over them, then the
 /// retention purging them while orders execute: the older half unpaced,
 /// the rest as production paces it.
+///
+/// With `empty` (a second store of the same kind, its outbox empty), the
+/// comparison runs after the fill in [`PAIRS`] interleaved pairs of rounds,
+/// the two stores taking turns to go first, and prints the medians: one
+/// before-and-after pair moved by up to half with the machine's drift.
+/// Without it (SQL Server: one database), one round before the fill and
+/// one after.
 async fn million_rows(
     label: &str,
     store: Arc<dyn OrderStore>,
     processor: &Arc<Processor>,
+    empty: Option<&Arc<Processor>>,
     n: usize,
     rows: usize,
     fill: impl std::future::Future<Output = anyhow::Result<()>>,
@@ -613,7 +625,10 @@ async fn million_rows(
     // Warmed first: a new SQL Server session's first statements are its
     // slowest (on the engine, compiled per session).
     first_deliveries(processor, n, 16).await?;
-    let before = first_deliveries(processor, n, 16).await?;
+    let mut before = first_deliveries(processor, n, 16).await?;
+    if let Some(e) = empty {
+        first_deliveries(e, n, 16).await?;
+    }
     let started = Instant::now();
     fill.await?;
     println!(
@@ -627,9 +642,47 @@ async fn million_rows(
         counts.dispatched + counts.undispatched,
         counted.elapsed().as_secs_f64() * 1e3
     );
-    let with_rows = first_deliveries(processor, n, 16).await?;
+    // `order-guard order ID`'s look-up of one order's announcement: a
+    // scan of the kept rows on SQLite, whose message id index holds
+    // undispatched rows only; a seek on SQL Server (whose fill's message
+    // ids are random, not derived: it finds none there).
+    let looked_up = Instant::now();
+    let found = store
+        .announcements(&Listing::Order(format!("old-{}", rows / 2)), 1)
+        .await?
+        .len();
     println!(
-        "first deliveries ({label}, c=16, {n} orders) with an empty outbox / with {rows} rows in it: {before:.0} / {with_rows:.0} events/s ({:+.1} %)",
+        "outbox ({label}): one order's announcement looked up among {rows} rows in {:.0} ms ({found} found)",
+        looked_up.elapsed().as_secs_f64() * 1e3
+    );
+    let with_rows = match empty {
+        None => first_deliveries(processor, n, 16).await?,
+        Some(e) => {
+            let (mut empties, mut fulls) = (Vec::new(), Vec::new());
+            for pair in 0..PAIRS {
+                let (first, second) = if pair % 2 == 0 {
+                    (e, processor)
+                } else {
+                    (processor, e)
+                };
+                let a = first_deliveries(first, n, 16).await?;
+                let b = first_deliveries(second, n, 16).await?;
+                let (empty_rate, full_rate) = if pair % 2 == 0 { (a, b) } else { (b, a) };
+                println!(
+                    "  pair {}: empty / {rows} rows: {empty_rate:.0} / {full_rate:.0} events/s ({:+.1} %)",
+                    pair + 1,
+                    100.0 * (full_rate - empty_rate) / empty_rate
+                );
+                empties.push(empty_rate);
+                fulls.push(full_rate);
+            }
+            before = median(empties);
+            median(fulls)
+        }
+    };
+    println!(
+        "first deliveries ({label}, c=16, {n} orders) with an empty outbox / with {rows} rows in it{}: {before:.0} / {with_rows:.0} events/s ({:+.1} %)",
+        if empty.is_some() { format!(", medians of {PAIRS} interleaved pairs") } else { String::new() },
         100.0 * (with_rows - before) / before
     );
     // Half the rows are a day older than the other half, interleaved over
@@ -660,7 +713,7 @@ async fn million_rows(
     }
     let after = first_deliveries(processor, n, 16).await?;
     println!(
-        "outbox retention ({label}): first deliveries with no purge running, before it / after it: {before:.0} / {after:.0} events/s"
+        "outbox retention ({label}): first deliveries with no purge running, with an empty outbox / after the purge: {before:.0} / {after:.0} events/s"
     );
     Ok(())
 }
@@ -720,6 +773,7 @@ async fn retention_pass(
 
 async fn million_sqlite(n: usize, rows: usize) -> anyhow::Result<()> {
     let s = setup(None).await?;
+    let empty = setup(None).await?;
     let path = s.path.clone();
     let fill = async move {
         let mut conn = rusqlite::Connection::open(&path)?;
@@ -763,7 +817,16 @@ async fn million_sqlite(n: usize, rows: usize) -> anyhow::Result<()> {
         Ok(())
     };
     let store = Arc::clone(&s.store) as Arc<dyn OrderStore>;
-    million_rows("sqlite", store, &s.processor, n, rows, fill).await
+    million_rows(
+        "sqlite",
+        store,
+        &s.processor,
+        Some(&empty.processor),
+        n,
+        rows,
+        fill,
+    )
+    .await
 }
 
 /// The same on SQL Server (`ORDER_GUARD_TEST_MSSQL`, the owner's string):
@@ -817,6 +880,7 @@ async fn million_sqlserver(cs: &str, n: usize, rows: usize) -> anyhow::Result<()
         "sqlserver",
         Arc::clone(&store) as Arc<dyn OrderStore>,
         &processor,
+        None,
         n,
         rows,
         fill,

@@ -76,11 +76,16 @@ SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM StoreIdentity)
 -- RETURNING). It is kept: an earlier version on the same file (a rolling
 -- deploy, a rollback, an older CLI) reads by it, and its migrate would
 -- rebuild it over the whole table under the write lock (docs/benchmarks.md,
--- "Where the writer's CPU goes"). The three are partial, each over the rows
--- its queries read (whose filters imply its own): a new row goes only into
--- the small index of undispatched rows, where the full ones put it at the
--- far left of indexes of every row kept, which with a million rows cost
--- first deliveries about a third of their rate. Earlier versions made them full; migrate remakes those
+-- "Where the writer's CPU goes"). UX_Outbox_MessageId serves the
+-- dispatcher's mark and defer and the operator's retry, all of undispatched
+-- rows. All four are partial, each over the rows its queries read (whose
+-- filters imply its own): a new row goes only into the small indexes of
+-- undispatched rows, where full ones put it into indexes of every row kept
+-- (at the far left, or for the message id at a random place), which with a
+-- million rows cost first deliveries about a third of their rate. The
+-- message id stays unique over every row through the orders' unique id it
+-- is derived from: an order is executed, and announced, once. Earlier
+-- versions made the four full; migrate remakes those
 -- (src/store/sqlite/schema.rs).
 CREATE TABLE IF NOT EXISTS Outbox (
     Seq           INTEGER PRIMARY KEY,
@@ -103,7 +108,7 @@ CREATE TABLE IF NOT EXISTS Outbox (
     Parked        INTEGER NOT NULL DEFAULT 0,
     DispatchedAt  TEXT
 );
-CREATE UNIQUE INDEX IF NOT EXISTS UX_Outbox_MessageId ON Outbox (MessageId);
+CREATE UNIQUE INDEX IF NOT EXISTS UX_Outbox_MessageId ON Outbox (MessageId) WHERE DispatchedAt IS NULL;
 CREATE INDEX IF NOT EXISTS IX_Outbox_DispatchedAt ON Outbox (DispatchedAt, Seq) WHERE DispatchedAt IS NOT NULL;
 CREATE INDEX IF NOT EXISTS IX_Outbox_Due ON Outbox (NextAttemptAt, Seq) WHERE DispatchedAt IS NULL;
 CREATE INDEX IF NOT EXISTS IX_Outbox_ClaimToken ON Outbox (ClaimToken) WHERE ClaimToken IS NOT NULL;

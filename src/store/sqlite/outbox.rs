@@ -157,7 +157,9 @@ pub(super) fn list(
 ) -> Result<Vec<Announcement>, rusqlite::Error> {
     let (filter, id) = match listing {
         Listing::Undispatched => ("DispatchedAt IS NULL", None),
-        // By the message id's unique index, not a scan of the kept rows.
+        // A scan of the kept rows: the message id's index holds undispatched
+        // rows only (sql/sqlite/schema.sql says why). An operator's command
+        // can afford it; the dispatcher never asks.
         Listing::Order(id) => ("MessageId = ?2", Some(message_id(id))),
     };
     let mut stmt = conn.prepare(&format!(
