@@ -31,17 +31,21 @@ step() { printf '==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; 
 mkdir -p .tools
 background=()
 cleanup() {
-  for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+  for pid in ${background[@]+"${background[@]}"}; do kill -- "-$pid" 2>/dev/null || true; done
   if [ -n "${started_engine:-}" ]; then scripts/tsql-engine.sh stop || true; fi
 }
 trap cleanup EXIT
 # wait_for NAME PID LOG: the background job's status; its log when it failed.
+# A job waited for leaves the list cleanup kills (its id may be reused).
 wait_for() {
   if ! wait "$2"; then
     echo "error: $1 failed; its log ($3):" >&2
     tail -40 "$3" >&2
     exit 1
   fi
+  local kept=()
+  for pid in "${background[@]}"; do [ "$pid" = "$2" ] || kept+=("$pid"); done
+  background=(${kept[@]+"${kept[@]}"})
 }
 setsid scripts/ensure-azure-cli.sh >.tools/azure-cli.log 2>&1 &
 azure_cli=$!
@@ -50,7 +54,10 @@ if [ -n "${ORDER_GUARD_FUZZ_SECONDS:-}" ]; then
   # Under the kernel's autogroup scheduling a new session is a group of its
   # own, sharing the CPU equally with the rest whatever its nice: the
   # group's own nice (/proc/self/autogroup) is set too, where there is one.
-  setsid bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec nice -n 19 scripts/fuzz.sh build' \
+  # Its own target directory (fuzz/target), even when CARGO_TARGET_DIR names
+  # one: a shared one's lock would hold up clippy and the tests.
+  setsid env -u CARGO_TARGET_DIR bash -c \
+    '{ echo 19 >/proc/self/autogroup; } 2>/dev/null; exec nice -n 19 scripts/fuzz.sh build' \
     >.tools/fuzz-build.log 2>&1 &
   fuzz_build=$!
   background+=("$fuzz_build")
@@ -64,11 +71,12 @@ started_engine=""
 if [ -z "${ORDER_GUARD_TEST_MSSQL:-}" ]; then
   if engine=$(scripts/tsql-engine.sh path 2>/dev/null); then
     echo "==> starting the T-SQL engine ($engine)"
+    # Set first: a start that fails half-way is stopped too.
+    started_engine=1
     # A fresh database per run: no state from an earlier run or schema.
     ORDER_GUARD_TEST_MSSQL=$(scripts/tsql-engine.sh start "og_test_$(date +%s)_$$")
     export ORDER_GUARD_TEST_MSSQL
     export ORDER_GUARD_TSQL_SERVER="$engine"
-    started_engine=1
   elif [ "${ORDER_GUARD_REQUIRE_TSQL_ENGINE:-}" = "true" ]; then
     echo "error: ORDER_GUARD_REQUIRE_TSQL_ENGINE=true: the SQL Server tests must run on the T-SQL engine, and none was found: $(scripts/tsql-engine.sh path 2>&1 || true) (or set ORDER_GUARD_TEST_MSSQL to a server of your own)" >&2
     exit 1

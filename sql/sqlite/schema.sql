@@ -77,8 +77,7 @@ SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM StoreIdentity)
 -- deploy, a rollback, an older CLI) reads by it, and its migrate would
 -- rebuild it over the whole table under the write lock (docs/benchmarks.md,
 -- "Where the writer's CPU goes"). UX_Outbox_MessageId serves the
--- dispatcher's mark and defer and the operator's retry, all of undispatched
--- rows. All four are partial, each over the rows its queries read (whose
+-- dispatcher's mark and defer, both of undispatched rows. All four are partial, each over the rows its queries read (whose
 -- filters imply its own): a new row goes only into the small indexes of
 -- undispatched rows, where full ones put it into indexes of every row kept
 -- (at the far left, or for the message id at a random place), which with a

@@ -167,6 +167,9 @@ pub struct SqliteStore {
     pressure: Arc<PressureCounters>,
     /// Where the file lives, for [`super::bound_identity`].
     place: [String; 3],
+    /// The file and the busy timeout, for [`Self::read`]'s connections.
+    path: std::path::PathBuf,
+    busy_timeout: Duration,
 }
 
 /// What a copy of the file cannot share with the original: its full path,
@@ -269,6 +272,8 @@ impl SqliteStore {
             jobs,
             pressure,
             place,
+            path: path.to_path_buf(),
+            busy_timeout,
         })
     }
 
@@ -300,6 +305,30 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> Result<T, rusqlite::Error> + Send + 'static,
     {
         self.call(f, Durability::Relaxed).await
+    }
+
+    /// Run the read-only `f` on a connection of its own, off the writer:
+    /// an operator's listing that scans the outbox (`status`'s counts, one
+    /// order's announcement) must not hold the write lock that every
+    /// process sharing the file waits on. In WAL mode a read takes no lock
+    /// a writer waits for; it sees every commit answered before it began.
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, rusqlite::Error> + Send + 'static,
+    {
+        let (path, busy_timeout) = (self.path.clone(), self.busy_timeout);
+        tokio::task::spawn_blocking(move || {
+            let conn = Connection::open_with_flags(
+                &path,
+                OpenFlags::default().difference(OpenFlags::SQLITE_OPEN_CREATE),
+            )?;
+            conn.busy_timeout(busy_timeout)?;
+            f(&conn)
+        })
+        .await
+        .map_err(|e| StoreError::Transient(format!("store task failed: {e}")))?
+        .map_err(classify)
     }
 
     async fn call<T, F>(&self, f: F, durability: Durability) -> Result<T, StoreError>
@@ -743,12 +772,12 @@ impl OrderStore for SqliteStore {
         limit: u32,
     ) -> Result<Vec<Announcement>, StoreError> {
         let listing = listing.clone();
-        self.with(move |conn| outbox::list(conn, &listing, limit))
+        self.read(move |conn| outbox::list(conn, &listing, limit))
             .await
     }
 
     async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
-        self.with(|conn| outbox::counts(conn)).await
+        self.read(outbox::counts).await
     }
 
     async fn retry_announcements(&self, message_id: Option<&str>) -> Result<u64, StoreError> {
@@ -795,6 +824,46 @@ mod tests {
         assert_eq!(store.with_relaxed(synchronous).await.unwrap(), 1);
         assert_eq!(store.mark_announced(&[]).await.unwrap(), 0);
         assert_eq!(store.with(synchronous).await.unwrap(), 2);
+    }
+
+    /// `status`'s outbox counts and one order's announcement (a scan of
+    /// the kept rows) are read off the writer: they answer while another
+    /// process holds the file's write lock, where a call on the writer
+    /// would wait for it and fail at the busy timeout. And they see what
+    /// the writer committed.
+    #[tokio::test]
+    async fn the_outbox_listings_answer_under_another_process_write_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orders.db");
+        let store = SqliteStore::open(&path, Duration::from_millis(200)).expect("open");
+        store.migrate().await.expect("migrate");
+        store
+            .with(|conn| {
+                conn.execute(
+                    "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol,
+                         Quantity, PositionAfter, Fingerprint, ExecutedAt, CreatedAt,
+                         NextAttemptAt, LeaseUntil)
+                     VALUES (?1, 'OrderExecuted', 'o1', 'a', 'buy', 'MSFT', '1', '1', 'v2:x',
+                             't', 't', 't', 't')",
+                    [crate::store::message_id("o1")],
+                )
+            })
+            .await
+            .unwrap();
+        let other = Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        // The writer cannot begin a transaction now: the lock is held.
+        let blocked = store.with(|_| Ok(())).await;
+        assert!(blocked.is_err(), "the other connection's lock did not hold");
+        let counts = store.outbox_counts().await.expect("counts under the lock");
+        assert_eq!(counts.undispatched, 1);
+        let found = store
+            .announcements(&Listing::Order("o1".into()), 10)
+            .await
+            .expect("one order's announcement under the lock");
+        assert_eq!(found.len(), 1, "o1's announcement: {found:?}");
+        assert_eq!(found[0].order_id, "o1");
+        other.execute_batch("ROLLBACK").unwrap();
     }
 
     /// The claim is one `UPDATE … RETURNING`: it hands back exactly the

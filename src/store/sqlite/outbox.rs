@@ -103,11 +103,17 @@ pub(super) fn claim(
     Ok(rows)
 }
 
-pub(super) fn mark(conn: &Connection, ids: &[String]) -> Result<u64, rusqlite::Error> {
-    let mut stmt = conn.prepare_cached(&format!(
+/// The mark of one row, by message id among undispatched rows (the filter
+/// that lets it use the message id's partial index: `schema::tests`).
+pub(super) fn mark_sql() -> String {
+    format!(
         "UPDATE Outbox SET DispatchedAt = {NOW}, LeaseUntil = {NOW}
           WHERE MessageId = ?1 AND DispatchedAt IS NULL"
-    ))?;
+    )
+}
+
+pub(super) fn mark(conn: &Connection, ids: &[String]) -> Result<u64, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(&mark_sql())?;
     let mut marked = 0;
     for id in ids {
         marked += stmt.execute([id])? as u64;
@@ -115,15 +121,20 @@ pub(super) fn mark(conn: &Connection, ids: &[String]) -> Result<u64, rusqlite::E
     Ok(marked)
 }
 
-pub(super) fn defer(conn: &Connection, token: &str, d: &Deferral) -> Result<(), rusqlite::Error> {
-    conn.prepare_cached(&format!(
+/// The defer of one claimed row, by message id among undispatched rows
+/// (as [`mark_sql`]).
+pub(super) fn defer_sql() -> String {
+    format!(
         "UPDATE Outbox SET Attempts = Attempts + 1, LastError = ?3,
                 NextAttemptAt = CASE WHEN ?5 = 1 THEN '9999-12-31T00:00:00.000Z' ELSE {} END,
                 LeaseUntil = {NOW}, Parked = ?5
           WHERE MessageId = ?1 AND ClaimToken = ?2 AND DispatchedAt IS NULL",
         now_plus(4)
-    ))?
-    .execute(params![
+    )
+}
+
+pub(super) fn defer(conn: &Connection, token: &str, d: &Deferral) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached(&defer_sql())?.execute(params![
         d.message_id,
         token,
         d.error,
@@ -158,8 +169,9 @@ pub(super) fn list(
     let (filter, id) = match listing {
         Listing::Undispatched => ("DispatchedAt IS NULL", None),
         // A scan of the kept rows: the message id's index holds undispatched
-        // rows only (sql/sqlite/schema.sql says why). An operator's command
-        // can afford it; the dispatcher never asks.
+        // rows only (sql/sqlite/schema.sql says why). Only an operator's
+        // `status ORDER_ID` asks, on a read connection of its own, off the
+        // writer (`SqliteStore::read`).
         Listing::Order(id) => ("MessageId = ?2", Some(message_id(id))),
     };
     let mut stmt = conn.prepare(&format!(
