@@ -24,9 +24,10 @@ step() { printf '==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; 
 # Work that needs little of this step's CPU starts in the background and is
 # waited for where its result is needed: Azure's CLI (a download, then
 # unpacking; needed by the tests) and, with ORDER_GUARD_FUZZ_SECONDS, the
-# fuzz targets' build under `nice -n 19`, which takes only the CPU the other
-# steps leave idle (the tests leave a fifth to two fifths of it) and so does
-# not slow them. Each writes its log under .tools/ and runs in a process
+# fuzz targets' build under `nice -n 19`, which takes the CPU the other
+# steps leave idle (the tests leave a fifth to two fifths of it); on a core
+# shared by two vCPUs it still slows them some (docs/testing.md, "Where CI's
+# time goes"). Each writes its log under .tools/ and runs in a process
 # group of its own (setsid), so an early exit stops it whole, compilers too.
 mkdir -p .tools
 background=()

@@ -77,15 +77,16 @@ SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM StoreIdentity)
 -- deploy, a rollback, an older CLI) reads by it, and its migrate would
 -- rebuild it over the whole table under the write lock (docs/benchmarks.md,
 -- "Where the writer's CPU goes"). UX_Outbox_MessageId serves the
--- dispatcher's mark and defer, both of undispatched rows. All four are partial, each over the rows its queries read (whose
--- filters imply its own): a new row goes only into the small indexes of
--- undispatched rows, where full ones put it into indexes of every row kept
--- (at the far left, or for the message id at a random place), which with a
--- million rows cost first deliveries about a third of their rate. The
--- message id stays unique over every row through the orders' unique id it
--- is derived from: an order is executed, and announced, once. Earlier
--- versions made the four full; migrate remakes those
--- (src/store/sqlite/schema.rs).
+-- dispatcher's mark and defer, both of undispatched rows. All four are
+-- partial, each over the rows its queries read (whose filters imply its
+-- own): a new row goes only into the small indexes of undispatched rows,
+-- where full ones put it into indexes of every row kept (at the far left,
+-- or for the message id at a random place), which with a million rows
+-- slowed the purge threefold and the first rounds of first deliveries
+-- after a start. The message id stays unique over every row through the
+-- orders' unique id it is derived from: an order is executed, and
+-- announced, once. Earlier versions made the four full; migrate remakes
+-- those (src/store/sqlite/schema.rs).
 CREATE TABLE IF NOT EXISTS Outbox (
     Seq           INTEGER PRIMARY KEY,
     MessageId     TEXT NOT NULL,

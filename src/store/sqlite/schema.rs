@@ -9,8 +9,8 @@ const SCHEMA: &str = include_str!("../../../sql/sqlite/schema.sql");
 /// partial (over the rows their queries read). A full one took each new,
 /// undispatched row into an index of every row kept for the retention (at
 /// its far left, or for the message id at a random place): with a million
-/// rows in the table that cost first deliveries about a third of their rate
-/// (docs/benchmarks.md).
+/// rows in the table that slowed the purge threefold and the first rounds
+/// of first deliveries after a start (docs/benchmarks.md).
 const MADE_PARTIAL: [&str; 4] = [
     "UX_Outbox_MessageId",
     "IX_Outbox_DispatchedAt",
@@ -23,7 +23,8 @@ const MADE_PARTIAL: [&str; 4] = [
 /// schema's `CREATE INDEX IF NOT EXISTS` makes it again, partial (one scan
 /// of the table each, once). An earlier version's migrate finds the names
 /// and leaves the partial ones be; its queries carry the same filters, so
-/// they use them (all but `outbox list` of one order, which scans).
+/// they use them (all but the look-up of one order's announcement,
+/// `status ORDER_ID`, which scans).
 pub(super) fn migrate(conn: &mut Connection) -> Result<(), rusqlite::Error> {
     let tx = conn.savepoint()?;
     for name in MADE_PARTIAL {
