@@ -627,7 +627,7 @@ async fn million_rows(
     // Warmed first: a new SQL Server session's first statements are its
     // slowest (on the engine, compiled per session).
     first_deliveries(processor, n, 16).await?;
-    let mut before = first_deliveries(processor, n, 16).await?;
+    let before_fill = first_deliveries(processor, n, 16).await?;
     if let Some(e) = empty {
         first_deliveries(e, n, 16).await?;
     }
@@ -657,30 +657,9 @@ async fn million_rows(
         "outbox ({label}): one order's announcement looked up among {rows} rows in {:.0} ms ({found} found)",
         looked_up.elapsed().as_secs_f64() * 1e3
     );
-    let with_rows = match empty {
-        None => first_deliveries(processor, n, 16).await?,
-        Some(e) => {
-            let (mut empties, mut fulls) = (Vec::new(), Vec::new());
-            for pair in 0..PAIRS {
-                let (first, second) = if pair % 2 == 0 {
-                    (e, processor)
-                } else {
-                    (processor, e)
-                };
-                let a = first_deliveries(first, n, 16).await?;
-                let b = first_deliveries(second, n, 16).await?;
-                let (empty_rate, full_rate) = if pair % 2 == 0 { (a, b) } else { (b, a) };
-                println!(
-                    "  pair {}: empty / {rows} rows: {empty_rate:.0} / {full_rate:.0} events/s ({:+.1} %)",
-                    pair + 1,
-                    100.0 * (full_rate - empty_rate) / empty_rate
-                );
-                empties.push(empty_rate);
-                fulls.push(full_rate);
-            }
-            before = median(empties);
-            median(fulls)
-        }
+    let (before, with_rows) = match empty {
+        None => (before_fill, first_deliveries(processor, n, 16).await?),
+        Some(e) => interleaved(e, processor, n, rows).await?,
     };
     println!(
         "first deliveries ({label}, c=16, {n} orders) with an empty outbox / with {rows} rows in it{}: {before:.0} / {with_rows:.0} events/s ({:+.1} %)",
@@ -718,6 +697,36 @@ async fn million_rows(
         "outbox retention ({label}): first deliveries with no purge running, with an empty outbox / after the purge: {before:.0} / {after:.0} events/s"
     );
     Ok(())
+}
+
+/// [`PAIRS`] pairs of rounds (c=16) on the `empty` store and the `full`
+/// one, each going first in turn; the medians of both rates.
+async fn interleaved(
+    empty: &Arc<Processor>,
+    full: &Arc<Processor>,
+    n: usize,
+    rows: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let (mut empties, mut fulls) = (Vec::new(), Vec::new());
+    for pair in 0..PAIRS {
+        let empty_first = pair % 2 == 0;
+        let (first, second) = if empty_first {
+            (empty, full)
+        } else {
+            (full, empty)
+        };
+        let a = first_deliveries(first, n, 16).await?;
+        let b = first_deliveries(second, n, 16).await?;
+        let (empty_rate, full_rate) = if empty_first { (a, b) } else { (b, a) };
+        println!(
+            "  pair {}: empty / {rows} rows: {empty_rate:.0} / {full_rate:.0} events/s ({:+.1} %)",
+            pair + 1,
+            100.0 * (full_rate - empty_rate) / empty_rate
+        );
+        empties.push(empty_rate);
+        fulls.push(full_rate);
+    }
+    Ok((median(empties), median(fulls)))
 }
 
 /// One retention pass (a purge to its end, `settings`' batch and rest)
