@@ -368,7 +368,20 @@ async fn recovery(tool: String) -> anyhow::Result<()> {
         Duration::ZERO,
     )
     .await;
+    // `RECOVERY_FAULTS=silence` (or `restart,cut`) runs only those.
+    let chosen = std::env::var("RECOVERY_FAULTS").unwrap_or_default();
+    if let Some(unknown) = chosen
+        .split(',')
+        .map(str::trim)
+        .find(|f| !f.is_empty() && !["restart", "cut", "silence"].contains(f))
+    {
+        bail!("RECOVERY_FAULTS: unknown fault {unknown:?} (restart, cut, silence)");
+    }
     for fault in [Fault::Restart, Fault::Cut, Fault::Silence] {
+        let name = format!("{fault:?}").to_lowercase();
+        if !chosen.is_empty() && !chosen.split(',').any(|f| f.trim() == name) {
+            continue;
+        }
         for fleet in [1, 3] {
             recover_from(&engine, &cs, &proxy, fault, fleet).await?;
         }
@@ -409,11 +422,16 @@ async fn recover_from(
 
     let started = Instant::now();
     let done = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
+    // Every call: when it began, how long it took to answer, and whether
+    // it was executed.
+    let calls = Arc::new(std::sync::Mutex::new(
+        Vec::<(Duration, Duration, bool)>::new(),
+    ));
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..8)
         .map(|i| {
             let store = Arc::clone(&stores[i % fleet]);
-            let (done, stop) = (Arc::clone(&done), Arc::clone(&stop));
+            let (done, calls, stop) = (Arc::clone(&done), Arc::clone(&calls), Arc::clone(&stop));
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let o = order(&unique("ord"), &unique("acct"));
@@ -421,10 +439,18 @@ async fn recover_from(
                         if stop.load(Ordering::Relaxed) {
                             return;
                         }
-                        match store.execute(&o, "e", "{}").await {
-                            Ok(Execution::Executed | Execution::AlreadyDone) => break,
-                            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                        let began = started.elapsed();
+                        let answer = store.execute(&o, "e", "{}").await;
+                        let executed =
+                            matches!(answer, Ok(Execution::Executed | Execution::AlreadyDone));
+                        calls
+                            .lock()
+                            .unwrap()
+                            .push((began, started.elapsed() - began, executed));
+                        if executed {
+                            break;
                         }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     done.lock().unwrap().push(started.elapsed());
                 }
@@ -488,9 +514,16 @@ async fn recover_from(
     if rate_before == 0.0 {
         bail!("the recovery phase measured nothing before the fault");
     }
-    let first = times
+    // The first call begun after the fault and executed: a call in flight
+    // when it began may still be answered (a silent drop catches some
+    // answers already on their way), which says nothing of the recovery.
+    let first = calls
+        .lock()
+        .unwrap()
         .iter()
-        .filter(|t| **t > back_at)
+        .filter(|(began, _, executed)| *executed && *began >= fault_at)
+        .map(|(began, took, _)| *began + *took)
+        .filter(|done| *done > back_at)
         .min()
         .with_context(|| format!("no order executed after {}", fault.describe()))?;
     // The first 1 s window after the store is back whose rate reaches 90 %.
@@ -508,14 +541,26 @@ async fn recover_from(
             break None;
         }
     };
+    // Issue 31's bound on a call after a silent drop: one query timeout.
+    // Over the calls begun after the fault (each answered before its
+    // worker ended).
+    let longest_call = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(began, _, _)| *began >= fault_at)
+        .map(|(_, took, _)| *took)
+        .max()
+        .unwrap_or_default();
     println!(
-        "sqlserver recovery after {} (c=8, {fleet} instance{}): {rate_before:.0} orders/s before; first executed {:.2} s after the store was reachable again (target 1 s: {}); 90 % of the rate after {} (target 5 s: {})",
+        "sqlserver recovery after {} (c=8, {fleet} instance{}): {rate_before:.0} orders/s before; first executed (by a call begun after the fault) {:.2} s after the store was reachable again (target 1 s: {}); 90 % of the rate after {} (target 5 s: {}); longest call begun after the fault {:.2} s (one query timeout: 8 s)",
         fault.describe(),
         if fleet == 1 { "" } else { "s" },
-        (*first - back_at).as_secs_f64(),
-        met(*first - back_at <= Duration::from_secs(1)),
+        (first - back_at).as_secs_f64(),
+        met(first - back_at <= Duration::from_secs(1)),
         ninety.map_or("never within 20 s".to_string(), |d| format!("{:.2} s", d.as_secs_f64())),
-        met(ninety.is_some_and(|d| d <= Duration::from_secs(5)))
+        met(ninety.is_some_and(|d| d <= Duration::from_secs(5))),
+        longest_call.as_secs_f64()
     );
     Ok(())
 }

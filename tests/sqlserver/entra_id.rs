@@ -19,7 +19,12 @@ async fn token_login(tokens: TokenSource) -> (FakeTds, SqlConnectionManager) {
     config.host("127.0.0.1");
     config.port(fake.port);
     config.encryption(tiberius::EncryptionLevel::NotSupported);
-    let manager = SqlConnectionManager::new(config, Some(Arc::new(tokens)), Duration::from_secs(5));
+    let manager = SqlConnectionManager::new(
+        config,
+        Some(Arc::new(tokens)),
+        Duration::from_secs(5),
+        Duration::from_secs(5),
+    );
     (fake, manager)
 }
 

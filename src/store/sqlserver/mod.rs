@@ -228,7 +228,12 @@ impl SqlServerStore {
             );
         }
         Ok(Self::with_manager(
-            SqlConnectionManager::new(info.tiberius_config(), identity, settings.connect_timeout),
+            SqlConnectionManager::new(
+                info.tiberius_config(),
+                identity,
+                settings.connect_timeout,
+                settings.query_timeout,
+            ),
             settings,
             info.to_string(),
         ))

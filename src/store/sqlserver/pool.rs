@@ -209,6 +209,10 @@ pub struct SqlConnectionManager {
     config: tiberius::Config,
     identity: Option<Arc<TokenSource>>,
     connect_timeout: Duration,
+    /// The query timeout: a login unanswered this long when a served
+    /// connection's silence raises a suspicion settles it dead
+    /// (`silence::login_settles`).
+    query_timeout: Duration,
     last_error: Arc<Mutex<Option<String>>>,
     /// Turns to log in ([`LOGINS_AT_ONCE`]).
     turns: tokio::sync::Semaphore,
@@ -223,11 +227,13 @@ impl SqlConnectionManager {
         config: tiberius::Config,
         identity: Option<Arc<TokenSource>>,
         connect_timeout: Duration,
+        query_timeout: Duration,
     ) -> SqlConnectionManager {
         SqlConnectionManager {
             config,
             identity,
             connect_timeout,
+            query_timeout,
             last_error: Arc::new(Mutex::new(None)),
             turns: tokio::sync::Semaphore::new(LOGINS_AT_ONCE),
             logins: Arc::new(Logins::default()),
@@ -258,7 +264,6 @@ impl SqlConnectionManager {
         // starts with the turn.
         let _turn = self.turns.acquire().await;
         let _running = Counted::enter(&self.logins.running);
-        let started = Instant::now();
         let budget = login_budget(self.connect_timeout);
         let mut config = self.config.clone();
         if let Some(identity) = &self.identity {
@@ -268,6 +273,9 @@ impl SqlConnectionManager {
                 .map_err(|e| ConnectError::Token(e.to_string()))?;
             config.authentication(tiberius::AuthMethod::aad_token(token));
         }
+        // From here the login waits on the server (a token may take long
+        // to come, and says nothing about the server's path).
+        let started = Instant::now();
         // The driver panics when the server cannot encrypt but the string
         // says Encrypt=True; a task turns that into an error, not a crash.
         let task = tokio::spawn(open_following_redirect(config));
@@ -315,13 +323,18 @@ impl SqlConnectionManager {
         }
         };
         // A login whose connection was open when a silent drop was found
-        // is on the dead path too: it would hold its turn for the whole
-        // budget, and with every turn so held no login could replace the
-        // dead connections. It is abandoned, and the next attempt opens a
-        // new connection.
+        // (by a check, or by this login, unanswered for a query timeout
+        // while every turn is taken) is on the dead path too: it would
+        // hold its turn for the whole budget, and with every turn so held
+        // no login could replace the dead connections. It is abandoned,
+        // and the next attempt opens a new connection.
         tokio::select! {
             opened = login => opened,
-            () = self.silences.found_dead_since(started) => {
+            () = self.silences.found_dead_since(
+                started,
+                self.query_timeout,
+                || self.turns.available_permits() == 0,
+            ) => {
                 abort.abort();
                 Err(ConnectError::Sql(tiberius::error::Error::Protocol(
                     "login abandoned: its network path was found dead".into(),
@@ -487,24 +500,29 @@ mod tests {
         assert_eq!(reconnect_pause(u32::MAX), Duration::from_secs(1));
     }
 
-    /// `Logins` counts every connect bb8 is running: those holding a login
-    /// turn as running, the rest as waiting; a connect dropped half-way
-    /// (its task aborted) gives its counts back.
-    #[tokio::test]
-    async fn logins_in_flight_are_counted_running_or_waiting() {
-        // Accepts TCP (the kernel's backlog) and never answers the
-        // PRELOGIN: a login that hangs until its budget.
+    /// A server that accepts TCP (the kernel's backlog) and never answers
+    /// the PRELOGIN, so every login hangs until its budget (30 s), and a
+    /// manager logging in to it with this query timeout.
+    fn silent_server(
+        query_timeout: Duration,
+    ) -> (std::net::TcpListener, Arc<SqlConnectionManager>) {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let mut config = tiberius::Config::new();
         config.host("127.0.0.1");
         config.port(silent.local_addr().unwrap().port());
         config.authentication(tiberius::AuthMethod::sql_server("u", "pw"));
         config.encryption(tiberius::EncryptionLevel::NotSupported);
-        let manager = Arc::new(SqlConnectionManager::new(
-            config,
-            None,
-            Duration::from_secs(30),
-        ));
+        let manager =
+            SqlConnectionManager::new(config, None, Duration::from_secs(30), query_timeout);
+        (silent, Arc::new(manager))
+    }
+
+    /// `Logins` counts every connect bb8 is running: those holding a login
+    /// turn as running, the rest as waiting; a connect dropped half-way
+    /// (its task aborted) gives its counts back.
+    #[tokio::test]
+    async fn logins_in_flight_are_counted_running_or_waiting() {
+        let (_silent, manager) = silent_server(Duration::from_secs(8));
         let logins = manager.logins();
         assert_eq!(logins.now(), (0, 0));
         let connects: Vec<_> = (0..LOGINS_AT_ONCE + 1)
@@ -523,5 +541,75 @@ mod tests {
             assert!(matches!(c.await, Err(e) if e.is_cancelled()));
         }
         assert_eq!(logins.now(), (0, 0));
+    }
+
+    /// With every connection busy nothing idle is left to settle a
+    /// suspicion: once every login turn is taken, a login caught by the
+    /// silent drop settles it itself, when unanswered for a query timeout
+    /// as it is raised, and is abandoned (its turn freed for a new login),
+    /// not held for its 30 s budget. With a turn free beside it, it is left
+    /// to run (the pool still logs in) and the suspicion stays open.
+    #[tokio::test]
+    async fn a_login_unanswered_for_a_query_timeout_with_no_turn_free_settles_a_suspicion_dead() {
+        let query_timeout = Duration::from_millis(300);
+        let (_silent, manager) = silent_server(query_timeout);
+        let (logins, silences, last_error) =
+            (manager.logins(), manager.silences(), manager.last_error());
+        let connect = || {
+            let m = Arc::clone(&manager);
+            tokio::spawn(async move { bb8::ManageConnection::connect(m.as_ref()).await })
+        };
+        let running = |n: u64| {
+            let logins = Arc::clone(&logins);
+            async move {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while logins.now() != (n, 0) {
+                    assert!(Instant::now() < deadline, "{:?}", logins.now());
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+        let abandoned = || {
+            last_error
+                .lock()
+                .unwrap()
+                .as_deref()
+                .is_some_and(|e| e.contains("login abandoned"))
+        };
+
+        let first = connect();
+        running(1).await;
+        // The rule is about time: the login unanswered for a query timeout.
+        tokio::time::sleep(query_timeout).await;
+        silences.suspect();
+        // One thread: the login's task runs its check within these yields.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            silences.latest().map(|s| s.verdict),
+            Some(silence::Verdict::Open),
+            "a turn was free: the login is left to run"
+        );
+        assert!(!abandoned());
+
+        let second = connect();
+        running(2).await;
+        let raised = Instant::now();
+        silences.suspect();
+        while !abandoned() {
+            assert!(
+                raised.elapsed() < Duration::from_secs(5),
+                "the login still held its turn: {:?}",
+                last_error.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            silences.latest().map(|s| s.verdict),
+            Some(silence::Verdict::Dead)
+        );
+        first.abort();
+        second.abort();
     }
 }

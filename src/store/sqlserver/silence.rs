@@ -18,10 +18,17 @@
 //! was busy: a loaded server explains that as well as a dead path). A
 //! login in flight on a path found dead is abandoned
 //! ([`Silences::found_dead_since`]): it would hold one of the pool's few
-//! login turns for its whole budget.
+//! login turns for its whole budget. With every connection busy and every
+//! login turn taken, a login in flight settles the suspicion itself when it
+//! has gone unanswered for as long as a statement may run
+//! ([`login_settles`]): otherwise logins caught by the drop would hold
+//! every turn for their whole budget, and nothing could replace the dead
+//! connections until then. With a turn free the pool still logs in, and a
+//! login is not begun again beside it (on the CI's engine each new session
+//! costs about a second of CPU).
 
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Where the latest suspicion stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +87,19 @@ pub fn send_again_after(id: u64, latest: Option<Suspicion>) -> bool {
     matches!(latest, Some(s) if s.id >= id && s.verdict == Verdict::Dead)
 }
 
+/// Whether a login that took its turn at `began` settles `latest` as
+/// dead: the suspicion is still open and, when it was raised, the login
+/// had gone unanswered for at least `silent_for` (the query timeout, a
+/// statement's whole allowance). A live server answers a login in well
+/// under that, and a served connection was just as silent beside it: the
+/// dead path an idle connection's check would have shown, had one been
+/// left to check.
+pub fn login_settles(began: Instant, silent_for: Duration, latest: Option<Suspicion>) -> bool {
+    latest.is_some_and(|s| {
+        s.verdict == Verdict::Open && s.since.saturating_duration_since(began) >= silent_for
+    })
+}
+
 /// The latest suspicion, shared by the pool's manager (which settles it on
 /// checkout) and the store (which raises it and reads its verdict).
 #[derive(Debug, Default)]
@@ -87,6 +107,8 @@ pub struct Silences {
     latest: Mutex<Option<Suspicion>>,
     /// Woken when a suspicion is found dead.
     found_dead: tokio::sync::Notify,
+    /// Woken when a suspicion is raised.
+    raised: tokio::sync::Notify,
 }
 
 /// Whether a connection opened at `opened` is on a path `latest` found
@@ -110,6 +132,7 @@ impl Silences {
             since: Instant::now(),
             verdict: Verdict::Open,
         });
+        self.raised.notify_waiters();
         id
     }
 
@@ -130,18 +153,52 @@ impl Silences {
         }
     }
 
-    /// Returns once a path is found dead with a connection opened at
-    /// `opened` on it ([`opened_on_dead_path`]): a login in flight then.
-    pub async fn found_dead_since(&self, opened: Instant) {
+    /// Returns once a path is found dead with a login that took its turn
+    /// at `opened` on it ([`opened_on_dead_path`]), by a check or by this
+    /// login itself, unanswered for `silent_for` when a suspicion was
+    /// raised while `no_turn_free` ([`login_settles`]): the login is to be
+    /// abandoned.
+    pub async fn found_dead_since(
+        &self,
+        opened: Instant,
+        silent_for: Duration,
+        no_turn_free: impl Fn() -> bool,
+    ) {
         loop {
-            let woken = self.found_dead.notified();
-            tokio::pin!(woken);
-            // Registered before the check, so a verdict in between wakes it.
-            woken.as_mut().enable();
-            if opened_on_dead_path(opened, self.latest()) {
+            let dead = self.found_dead.notified();
+            let raised = self.raised.notified();
+            tokio::pin!(dead, raised);
+            // Registered before the checks, so a change in between wakes it.
+            dead.as_mut().enable();
+            raised.as_mut().enable();
+            if (no_turn_free() && self.settle_by_login(opened, silent_for))
+                || opened_on_dead_path(opened, self.latest())
+            {
                 return;
             }
-            woken.await;
+            tokio::select! {
+                () = dead => {}
+                () = raised => {}
+            }
+        }
+    }
+
+    /// The suspicion found dead by a login ([`login_settles`]), if it
+    /// settles it.
+    fn settle_by_login(&self, began: Instant, silent_for: Duration) -> bool {
+        let mut latest = self.lock();
+        match latest.as_mut() {
+            Some(s) if login_settles(began, silent_for, Some(*s)) => {
+                log::warn!(
+                    "SQL Server: a login unanswered for {} ms while a served connection was as silent; \
+                     the network path is taken for dead, and logins on it are begun again",
+                    s.since.saturating_duration_since(began).as_millis()
+                );
+                s.verdict = Verdict::Dead;
+                self.found_dead.notify_waiters();
+                true
+            }
+            _ => false,
         }
     }
 
@@ -194,6 +251,32 @@ mod tests {
         assert!(!opened_on_dead_path(before, at(t, 1, Verdict::Open)));
         assert!(!opened_on_dead_path(before, at(t, 1, Verdict::Alive)));
         assert!(!opened_on_dead_path(before, None));
+    }
+
+    #[test]
+    fn a_login_settles_an_open_suspicion_only_when_unanswered_as_long_as_a_statement() {
+        let t = Instant::now();
+        let timeout = Duration::from_secs(8);
+        let long_before = t - timeout;
+        let just_before = t - Duration::from_secs(7);
+        assert!(login_settles(long_before, timeout, at(t, 1, Verdict::Open)));
+        assert!(
+            !login_settles(just_before, timeout, at(t, 1, Verdict::Open)),
+            "a login not yet as silent as the statement"
+        );
+        assert!(
+            !login_settles(t + timeout, timeout, at(t, 1, Verdict::Open)),
+            "a login begun after the suspicion"
+        );
+        assert!(
+            !login_settles(long_before, timeout, at(t, 1, Verdict::Alive)),
+            "a path that answered its check"
+        );
+        assert!(
+            !login_settles(long_before, timeout, at(t, 1, Verdict::Dead)),
+            "settled already"
+        );
+        assert!(!login_settles(long_before, timeout, None));
     }
 
     #[test]
