@@ -172,7 +172,7 @@ macro_rules! with_client {
             let time_left = tokio::time::Instant::now() < deadline;
             match result {
                 Err(_) if served => {
-                    let id = $self.silences.suspect();
+                    let id = $self.silences.suspect(timeout.min(left));
                     if suspected || !time_left || timeout > $self.query_timeout {
                         break Err(classify::query_timeout(what, timeout));
                     }

@@ -280,6 +280,11 @@ impl SqlConnectionManager {
         // says Encrypt=True; a task turns that into an error, not a crash.
         let task = tokio::spawn(open_following_redirect(config));
         let abort = task.abort_handle();
+        // When the server last answered this login (the login itself, then
+        // each statement of its session setup): a login that hears from it
+        // is slow, not silent.
+        let last_heard = Mutex::new(started);
+        let heard = || *last_heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         let login = async {
             match tokio::time::timeout(budget, task).await {
             Err(_) => {
@@ -295,9 +300,11 @@ impl SqlConnectionManager {
             ))),
             Ok(Ok(result)) => {
                 let mut client = result.map_err(ConnectError::Sql)?;
+                heard();
                 let setup = async {
                     for statement in [sql::SESSION_COUNT_ROWS, sql::SESSION_XACT_ABORT] {
                         client.simple_query(statement).await?.into_results().await?;
+                        heard();
                     }
                     // Best effort: before `migrate` has made the procedure
                     // (the first connection of a new database) this fails,
@@ -323,17 +330,21 @@ impl SqlConnectionManager {
         }
         };
         // A login whose connection was open when a silent drop was found
-        // (by a check, or by this login, unanswered for a query timeout
-        // while every turn is taken) is on the dead path too: it would
-        // hold its turn for the whole budget, and with every turn so held
-        // no login could replace the dead connections. It is abandoned,
-        // and the next attempt opens a new connection.
+        // (by a check, or by this login: unanswered for a query timeout,
+        // every turn taken, no idle connection left to check) is on the
+        // dead path too: it would hold its turn for the whole budget, and
+        // with every turn so held no login could replace the dead
+        // connections. It is abandoned, and the next attempt opens a new
+        // connection.
         tokio::select! {
             opened = login => opened,
             () = self.silences.found_dead_since(
                 started,
                 self.query_timeout,
-                || self.turns.available_permits() == 0,
+                || {
+                    let quiet = *last_heard.lock().unwrap_or_else(|p| p.into_inner());
+                    (quiet, self.turns.available_permits() == 0)
+                },
             ) => {
                 abort.abort();
                 Err(ConnectError::Sql(tiberius::error::Error::Protocol(
@@ -477,7 +488,7 @@ impl bb8::ManageConnection for SqlConnectionManager {
                 if decision == Checkout::Settle {
                     settle(false);
                 } else {
-                    self.silences.suspect();
+                    self.silences.suspect(CHECK_TIMEOUT);
                 }
                 Err(ConnectError::Silent(CHECK_TIMEOUT))
             }
@@ -546,9 +557,10 @@ mod tests {
     /// With every connection busy nothing idle is left to settle a
     /// suspicion: once every login turn is taken, a login caught by the
     /// silent drop settles it itself, when unanswered for a query timeout
-    /// as it is raised, and is abandoned (its turn freed for a new login),
-    /// not held for its 30 s budget. With a turn free beside it, it is left
-    /// to run (the pool still logs in) and the suspicion stays open.
+    /// as it is raised and the suspicion has stayed open a check's time,
+    /// and the logins on the path are abandoned (their turns given back),
+    /// not held for their 30 s budget. With a turn free beside it, a login
+    /// is left to run (the pool still logs in) and the suspicion stays open.
     #[tokio::test]
     async fn a_login_unanswered_for_a_query_timeout_with_no_turn_free_settles_a_suspicion_dead() {
         let query_timeout = Duration::from_millis(300);
@@ -579,9 +591,11 @@ mod tests {
 
         let first = connect();
         running(1).await;
-        // The rule is about time: the login unanswered for a query timeout.
+        // The rule is about time: the login unanswered for a query timeout,
+        // the suspicion open for a check's time.
         tokio::time::sleep(query_timeout).await;
-        silences.suspect();
+        silences.suspect(query_timeout);
+        tokio::time::sleep(silence::CHECK_TIME).await;
         // One thread: the login's task runs its check within these yields.
         for _ in 0..10 {
             tokio::task::yield_now().await;
@@ -596,15 +610,19 @@ mod tests {
         let second = connect();
         running(2).await;
         let raised = Instant::now();
-        silences.suspect();
+        silences.suspect(query_timeout);
         while !abandoned() {
             assert!(
-                raised.elapsed() < Duration::from_secs(5),
+                raised.elapsed() < silence::CHECK_TIME + Duration::from_secs(5),
                 "the login still held its turn: {:?}",
                 last_error.lock().unwrap()
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        assert!(
+            raised.elapsed() >= silence::CHECK_TIME,
+            "settled before an idle connection's check could have"
+        );
         assert_eq!(
             silences.latest().map(|s| s.verdict),
             Some(silence::Verdict::Dead)

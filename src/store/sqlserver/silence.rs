@@ -20,7 +20,8 @@
 //! ([`Silences::found_dead_since`]): it would hold one of the pool's few
 //! login turns for its whole budget. With every connection busy and every
 //! login turn taken, a login in flight settles the suspicion itself when it
-//! has gone unanswered for as long as a statement may run
+//! has heard nothing from the server for as long as a statement may run,
+//! and no check has settled it within [`CHECK_TIME`]
 //! ([`login_settles`]): otherwise logins caught by the drop would hold
 //! every turn for their whole budget, and nothing could replace the dead
 //! connections until then. With a turn free the pool still logs in, and a
@@ -42,11 +43,13 @@ pub enum Verdict {
 }
 
 /// The latest suspicion: which (`id`, counting from 1), raised when
-/// (`since`), and its verdict.
+/// (`since`) by how long a silence, and its verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Suspicion {
     pub id: u64,
     pub since: Instant,
+    /// How long the request that raised it went unanswered.
+    pub silence: Duration,
     pub verdict: Verdict,
 }
 
@@ -87,16 +90,34 @@ pub fn send_again_after(id: u64, latest: Option<Suspicion>) -> bool {
     matches!(latest, Some(s) if s.id >= id && s.verdict == Verdict::Dead)
 }
 
-/// Whether a login that took its turn at `began` settles `latest` as
-/// dead: the suspicion is still open and, when it was raised, the login
-/// had gone unanswered for at least `silent_for` (the query timeout, a
-/// statement's whole allowance). A live server answers a login in well
-/// under that, and a served connection was just as silent beside it: the
-/// dead path an idle connection's check would have shown, had one been
-/// left to check.
-pub fn login_settles(began: Instant, silent_for: Duration, latest: Option<Suspicion>) -> bool {
+/// How long a suspicion stays open before a login may settle it: the
+/// pool's check of an idle connection (`pool::CHECK_TIMEOUT`) and a margin,
+/// so a connection left idle to check always settles it first.
+pub const CHECK_TIME: Duration = Duration::from_millis(2_500);
+
+/// Whether a login that has heard nothing from the server since `quiet`
+/// (its start, its turn taken and its token in hand, or the server's last
+/// answer to it: the login itself, a statement of its session setup)
+/// settles `latest` as dead at `now`: the suspicion
+/// was raised by a served connection silent for a whole query timeout
+/// (`query_timeout`; a missed 2 s check or a call's last seconds say less),
+/// the login had itself gone unanswered that long when it was raised, and
+/// it has stayed open for `check_time` since (no idle connection was left
+/// to check, or its check would have settled it by then). A live server
+/// answers a login in well under a query timeout: two requests that silent
+/// at once are the dead path an idle connection's check would have shown.
+pub fn login_settles(
+    quiet: Instant,
+    query_timeout: Duration,
+    check_time: Duration,
+    latest: Option<Suspicion>,
+    now: Instant,
+) -> bool {
     latest.is_some_and(|s| {
-        s.verdict == Verdict::Open && s.since.saturating_duration_since(began) >= silent_for
+        s.verdict == Verdict::Open
+            && s.silence >= query_timeout
+            && s.since.saturating_duration_since(quiet) >= query_timeout
+            && now.saturating_duration_since(s.since) >= check_time
     })
 }
 
@@ -122,14 +143,15 @@ impl Silences {
         self.latest.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A served connection got no answer in time, now: raise a suspicion
-    /// on every connection idle since before now. Its id.
-    pub fn suspect(&self) -> u64 {
+    /// A served connection got no answer for `silence`, until now: raise a
+    /// suspicion on every connection idle since before now. Its id.
+    pub fn suspect(&self, silence: Duration) -> u64 {
         let mut latest = self.lock();
         let id = latest.map_or(1, |s| s.id + 1);
         *latest = Some(Suspicion {
             id,
             since: Instant::now(),
+            silence,
             verdict: Verdict::Open,
         });
         self.raised.notify_waiters();
@@ -153,16 +175,17 @@ impl Silences {
         }
     }
 
-    /// Returns once a path is found dead with a login that took its turn
-    /// at `opened` on it ([`opened_on_dead_path`]), by a check or by this
-    /// login itself, unanswered for `silent_for` when a suspicion was
-    /// raised while `no_turn_free` ([`login_settles`]): the login is to be
-    /// abandoned.
+    /// Returns once a path is found dead with a login begun at `opened` on
+    /// it ([`opened_on_dead_path`]): by a check, or by this login itself
+    /// ([`login_settles`]). `heard` says when the server last answered the
+    /// login (its start if never), and whether every login turn is taken:
+    /// with one free the pool still logs in, and the login settles nothing.
+    /// The login is then to be abandoned.
     pub async fn found_dead_since(
         &self,
         opened: Instant,
-        silent_for: Duration,
-        no_turn_free: impl Fn() -> bool,
+        query_timeout: Duration,
+        heard: impl Fn() -> (Instant, bool),
     ) {
         loop {
             let dead = self.found_dead.notified();
@@ -171,28 +194,49 @@ impl Silences {
             // Registered before the checks, so a change in between wakes it.
             dead.as_mut().enable();
             raised.as_mut().enable();
-            if (no_turn_free() && self.settle_by_login(opened, silent_for))
-                || opened_on_dead_path(opened, self.latest())
-            {
+            let latest = self.latest();
+            if opened_on_dead_path(opened, latest) {
                 return;
             }
+            // A suspicion this login may settle once it has stayed open
+            // for a check's time: when that is.
+            let (quiet, _) = heard();
+            let settles_at = latest
+                .filter(|s| login_settles(quiet, query_timeout, Duration::ZERO, Some(*s), s.since))
+                .map(|s| s.since + CHECK_TIME);
+            let now = Instant::now();
+            if settles_at.is_some_and(|at| at <= now) {
+                let (quiet, every_turn_taken) = heard();
+                if every_turn_taken && self.settle_by_login(quiet, query_timeout, now) {
+                    return;
+                }
+            }
+            let timer = settles_at.filter(|at| *at > now);
             tokio::select! {
                 () = dead => {}
                 () = raised => {}
+                () = async {
+                    match timer {
+                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
             }
         }
     }
 
     /// The suspicion found dead by a login ([`login_settles`]), if it
-    /// settles it.
-    fn settle_by_login(&self, began: Instant, silent_for: Duration) -> bool {
+    /// settles it now.
+    fn settle_by_login(&self, quiet: Instant, query_timeout: Duration, now: Instant) -> bool {
         let mut latest = self.lock();
         match latest.as_mut() {
-            Some(s) if login_settles(began, silent_for, Some(*s)) => {
+            Some(s) if login_settles(quiet, query_timeout, CHECK_TIME, Some(*s), now) => {
                 log::warn!(
-                    "SQL Server: a login unanswered for {} ms while a served connection was as silent; \
-                     the network path is taken for dead, and logins on it are begun again",
-                    s.since.saturating_duration_since(began).as_millis()
+                    "SQL Server: a login unanswered for {} ms while a served connection was silent \
+                     for {} ms, and no idle connection left to check; the network path is taken \
+                     for dead, and logins on it are begun again",
+                    now.saturating_duration_since(quiet).as_millis(),
+                    s.silence.as_millis()
                 );
                 s.verdict = Verdict::Dead;
                 self.found_dead.notify_waiters();
@@ -214,7 +258,12 @@ mod tests {
     use std::time::Duration;
 
     fn at(since: Instant, id: u64, verdict: Verdict) -> Option<Suspicion> {
-        Some(Suspicion { id, since, verdict })
+        Some(Suspicion {
+            id,
+            since,
+            silence: Duration::from_secs(8),
+            verdict,
+        })
     }
 
     #[test]
@@ -254,29 +303,47 @@ mod tests {
     }
 
     #[test]
-    fn a_login_settles_an_open_suspicion_only_when_unanswered_as_long_as_a_statement() {
+    fn a_login_settles_only_a_statement_long_silence_no_check_settled_when_as_silent() {
         let t = Instant::now();
         let timeout = Duration::from_secs(8);
+        let check = CHECK_TIME;
+        let later = t + check;
         let long_before = t - timeout;
-        let just_before = t - Duration::from_secs(7);
-        assert!(login_settles(long_before, timeout, at(t, 1, Verdict::Open)));
+        let settles = |began, latest, now| login_settles(began, timeout, check, latest, now);
+        assert!(settles(long_before, at(t, 1, Verdict::Open), later));
         assert!(
-            !login_settles(just_before, timeout, at(t, 1, Verdict::Open)),
+            !settles(
+                long_before,
+                at(t, 1, Verdict::Open),
+                later - Duration::from_millis(1)
+            ),
+            "an idle connection's check may still settle it"
+        );
+        assert!(
+            !settles(t - Duration::from_secs(7), at(t, 1, Verdict::Open), later),
             "a login not yet as silent as the statement"
         );
         assert!(
-            !login_settles(t + timeout, timeout, at(t, 1, Verdict::Open)),
+            !settles(t + timeout, at(t, 1, Verdict::Open), later + timeout),
             "a login begun after the suspicion"
         );
+        let short = at(t, 1, Verdict::Open).map(|s| Suspicion {
+            silence: CHECK_TIME,
+            ..s
+        });
         assert!(
-            !login_settles(long_before, timeout, at(t, 1, Verdict::Alive)),
+            !settles(long_before, short, later),
+            "raised by a silence shorter than a query timeout (a missed check)"
+        );
+        assert!(
+            !settles(long_before, at(t, 1, Verdict::Alive), later),
             "a path that answered its check"
         );
         assert!(
-            !login_settles(long_before, timeout, at(t, 1, Verdict::Dead)),
+            !settles(long_before, at(t, 1, Verdict::Dead), later),
             "settled already"
         );
-        assert!(!login_settles(long_before, timeout, None));
+        assert!(!settles(long_before, None, later));
     }
 
     #[test]
@@ -303,7 +370,7 @@ mod tests {
     fn a_check_settles_the_suspicion_it_was_made_for_once() {
         let silences = Silences::default();
         let idle = Instant::now();
-        let id = silences.suspect();
+        let id = silences.suspect(Duration::from_secs(8));
         assert_eq!(
             silences.latest().map(|s| (s.id, s.verdict)),
             Some((id, Verdict::Open))
@@ -313,7 +380,7 @@ mod tests {
         // A later answer does not revive a path found dead.
         silences.settle(idle, true);
         assert_eq!(silences.latest().map(|s| s.verdict), Some(Verdict::Dead));
-        let next = silences.suspect();
+        let next = silences.suspect(Duration::from_secs(8));
         assert_eq!(next, id + 1);
         // A connection used after the suspicion settles nothing.
         silences.settle(Instant::now() + Duration::from_secs(1), true);
