@@ -125,30 +125,46 @@ pub fn login_settles(
 /// checkout) and the store (which raises it and reads its verdict).
 #[derive(Debug, Default)]
 pub struct Silences {
-    latest: Mutex<Option<Suspicion>>,
+    state: Mutex<State>,
     /// Woken when a suspicion is found dead.
     found_dead: tokio::sync::Notify,
     /// Woken when a suspicion is raised.
     raised: tokio::sync::Notify,
 }
 
-/// Whether a connection opened at `opened` is on a path `latest` found
-/// dead: it was open at the suspicion's time.
-pub fn opened_on_dead_path(opened: Instant, latest: Option<Suspicion>) -> bool {
-    latest.is_some_and(|s| s.verdict == Verdict::Dead && opened <= s.since)
+#[derive(Debug, Default)]
+struct State {
+    latest: Option<Suspicion>,
+    /// When the newest suspicion found dead was raised: kept apart from
+    /// `latest`, which the next timeout replaces (a login woken by the
+    /// verdict must still see it then).
+    dead_since: Option<Instant>,
+}
+
+/// Whether a connection opened at `opened` is on a path found dead by a
+/// suspicion raised at `dead_since`: it was open at that time.
+pub fn opened_on_dead_path(opened: Instant, dead_since: Option<Instant>) -> bool {
+    dead_since.is_some_and(|since| opened <= since)
 }
 
 impl Silences {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Suspicion>> {
-        self.latest.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The suspicion raised at `since` found dead: the logins open then
+    /// are woken, and give up.
+    fn mark_dead(&self, state: &mut State, since: Instant) {
+        state.dead_since = state.dead_since.max(Some(since));
+        self.found_dead.notify_waiters();
     }
 
     /// A served connection got no answer for `silence`, until now: raise a
     /// suspicion on every connection idle since before now. Its id.
     pub fn suspect(&self, silence: Duration) -> u64 {
-        let mut latest = self.lock();
-        let id = latest.map_or(1, |s| s.id + 1);
-        *latest = Some(Suspicion {
+        let mut state = self.lock();
+        let id = state.latest.map_or(1, |s| s.id + 1);
+        state.latest = Some(Suspicion {
             id,
             since: Instant::now(),
             silence,
@@ -162,15 +178,19 @@ impl Silences {
     /// [`on_checkout`] as [`Checkout::Settle`]) answered or not: the
     /// verdict of the suspicion it was checked for, if still the latest.
     pub fn settle(&self, last_used: Instant, answered: bool) {
-        let mut latest = self.lock();
-        if let Some(s) = latest.as_mut() {
-            if s.verdict == Verdict::Open && last_used <= s.since {
-                s.verdict = if answered {
-                    Verdict::Alive
-                } else {
-                    self.found_dead.notify_waiters();
-                    Verdict::Dead
-                };
+        let mut state = self.lock();
+        let Some(s) = state.latest.as_mut() else {
+            return;
+        };
+        if s.verdict == Verdict::Open && last_used <= s.since {
+            s.verdict = if answered {
+                Verdict::Alive
+            } else {
+                Verdict::Dead
+            };
+            let since = s.since;
+            if !answered {
+                self.mark_dead(&mut state, since);
             }
         }
     }
@@ -194,8 +214,11 @@ impl Silences {
             // Registered before the checks, so a change in between wakes it.
             dead.as_mut().enable();
             raised.as_mut().enable();
-            let latest = self.latest();
-            if opened_on_dead_path(opened, latest) {
+            let (latest, dead_since) = {
+                let state = self.lock();
+                (state.latest, state.dead_since)
+            };
+            if opened_on_dead_path(opened, dead_since) {
                 return;
             }
             // A suspicion this login may settle once it has stayed open
@@ -228,8 +251,8 @@ impl Silences {
     /// The suspicion found dead by a login ([`login_settles`]), if it
     /// settles it now.
     fn settle_by_login(&self, quiet: Instant, query_timeout: Duration, now: Instant) -> bool {
-        let mut latest = self.lock();
-        match latest.as_mut() {
+        let mut state = self.lock();
+        match state.latest.as_mut() {
             Some(s) if login_settles(quiet, query_timeout, CHECK_TIME, Some(*s), now) => {
                 log::warn!(
                     "SQL Server: a login unanswered for {} ms while a served connection was silent \
@@ -239,7 +262,8 @@ impl Silences {
                     s.silence.as_millis()
                 );
                 s.verdict = Verdict::Dead;
-                self.found_dead.notify_waiters();
+                let since = s.since;
+                self.mark_dead(&mut state, since);
                 true
             }
             _ => false,
@@ -248,7 +272,7 @@ impl Silences {
 
     /// The latest suspicion.
     pub fn latest(&self) -> Option<Suspicion> {
-        *self.lock()
+        self.lock().latest
     }
 }
 
@@ -292,14 +316,30 @@ mod tests {
         let t = Instant::now();
         let before = t - Duration::from_secs(1);
         let after = t + Duration::from_secs(1);
-        assert!(opened_on_dead_path(before, at(t, 1, Verdict::Dead)));
-        assert!(
-            !opened_on_dead_path(after, at(t, 1, Verdict::Dead)),
-            "opened since"
-        );
-        assert!(!opened_on_dead_path(before, at(t, 1, Verdict::Open)));
-        assert!(!opened_on_dead_path(before, at(t, 1, Verdict::Alive)));
+        assert!(opened_on_dead_path(before, Some(t)));
+        assert!(opened_on_dead_path(t, Some(t)));
+        assert!(!opened_on_dead_path(after, Some(t)), "opened since");
         assert!(!opened_on_dead_path(before, None));
+    }
+
+    /// The next timeout replaces the latest suspicion at once (eight calls
+    /// time out together after a drop): a login woken by a dead verdict
+    /// must still find its path dead then.
+    #[test]
+    fn a_path_found_dead_stays_dead_for_logins_after_a_newer_suspicion() {
+        let silences = Silences::default();
+        let login = Instant::now();
+        let idle = Instant::now();
+        silences.suspect(Duration::from_secs(8));
+        assert!(!opened_on_dead_path(login, silences.lock().dead_since));
+        silences.settle(idle, false);
+        silences.suspect(Duration::from_secs(8));
+        assert_eq!(silences.latest().map(|s| s.verdict), Some(Verdict::Open));
+        assert!(opened_on_dead_path(login, silences.lock().dead_since));
+        assert!(!opened_on_dead_path(
+            Instant::now(),
+            silences.lock().dead_since
+        ));
     }
 
     #[test]
