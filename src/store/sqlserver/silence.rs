@@ -26,7 +26,7 @@
 //! every turn for their whole budget, and nothing could replace the dead
 //! connections until then. With a turn free the pool still logs in, and a
 //! login is not begun again beside it (on the CI's engine each new session
-//! costs about a second of CPU).
+//! costs about 1.5 s of CPU).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -98,12 +98,12 @@ pub const CHECK_TIME: Duration = Duration::from_millis(2_500);
 /// Whether a login that has heard nothing from the server since `quiet`
 /// (its start, its turn taken and its token in hand, or the server's last
 /// answer to it: the login itself, a statement of its session setup)
-/// settles `latest` as dead at `now`: the suspicion
-/// was raised by a served connection silent for a whole query timeout
-/// (`query_timeout`; a missed 2 s check or a call's last seconds say less),
-/// the login had itself gone unanswered that long when it was raised, and
-/// it has stayed open for `check_time` since (no idle connection was left
-/// to check, or its check would have settled it by then). A live server
+/// settles `latest` as dead at `now`: the suspicion was raised by a served
+/// connection silent for a whole query timeout (`query_timeout`; a missed
+/// 2 s check or a call's last seconds say less), the login had itself
+/// heard nothing that long when it was raised, and the suspicion has
+/// stayed open for `check_time` since (no idle connection was left to
+/// check, or its check would have settled it by then). A live server
 /// answers a login in well under a query timeout: two requests that silent
 /// at once are the dead path an idle connection's check would have shown.
 pub fn login_settles(
