@@ -421,7 +421,6 @@ async fn recover_from(
     }
 
     let started = Instant::now();
-    let done = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
     // Every call: when it began, how long it took to answer, and whether
     // it was executed.
     let calls = Arc::new(std::sync::Mutex::new(
@@ -431,7 +430,7 @@ async fn recover_from(
     let workers: Vec<_> = (0..8)
         .map(|i| {
             let store = Arc::clone(&stores[i % fleet]);
-            let (done, calls, stop) = (Arc::clone(&done), Arc::clone(&calls), Arc::clone(&stop));
+            let (calls, stop) = (Arc::clone(&calls), Arc::clone(&stop));
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let o = order(&unique("ord"), &unique("acct"));
@@ -452,7 +451,6 @@ async fn recover_from(
                         }
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
-                    done.lock().unwrap().push(started.elapsed());
                 }
             })
         })
@@ -504,7 +502,14 @@ async fn recover_from(
     for w in workers {
         let _ = w.await;
     }
-    let times = done.lock().unwrap().clone();
+    // When each order was executed.
+    let times: Vec<Duration> = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, _, executed)| *executed)
+        .map(|(began, took, _)| *began + *took)
+        .collect();
     let bucket = Duration::from_millis(250);
     let before: usize = times
         .iter()

@@ -182,16 +182,15 @@ impl Silences {
         let Some(s) = state.latest.as_mut() else {
             return;
         };
-        if s.verdict == Verdict::Open && last_used <= s.since {
-            s.verdict = if answered {
-                Verdict::Alive
-            } else {
-                Verdict::Dead
-            };
+        if s.verdict != Verdict::Open || last_used > s.since {
+            return;
+        }
+        if answered {
+            s.verdict = Verdict::Alive;
+        } else {
+            s.verdict = Verdict::Dead;
             let since = s.since;
-            if !answered {
-                self.mark_dead(&mut state, since);
-            }
+            self.mark_dead(&mut state, since);
         }
     }
 
