@@ -1,8 +1,8 @@
 //! Operational behaviour of the real binary (issue 4): it starts and serves
 //! (degraded, logged) when Redis is down and uses Redis once it is up; it
-//! starts when the database is briefly locked; SIGTERM drains an in-flight
-//! invocation, which still gets its answer and completes or releases its
-//! guard; a hung dependency (Redis stopped with SIGSTOP, a database lock held
+//! starts when the database is briefly locked or its disk away; SIGTERM
+//! drains an in-flight invocation, which still gets its answer and
+//! completes or releases its guard; a hung dependency (Redis stopped with SIGSTOP, a database lock held
 //! past the busy timeout) yields an answer (`unavailable` guard or `retry`)
 //! while the dependency is still hung, not a stuck invocation.
 //!
@@ -250,6 +250,46 @@ async fn starts_while_the_database_is_locked() {
         panic!("{e}; log:\n{}", handler.log_text());
     }
     let id = common::unique_id("after-lock");
+    let rv = succeeded(&handler.invoke(&order_body(&id)).await.unwrap());
+    assert_eq!(rv["outcome"], "executed", "{rv}");
+}
+
+/// The disk under the file away while this instance starts (a network
+/// volume's hiccup, `faults::disk`): opening the file fails with an I/O
+/// error, which the start waits out like a lock instead of exiting.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_while_the_disk_is_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, store) = sqlite(dir.path());
+    let redis = RedisServer::start();
+    let away = dir.path().join("disk-away");
+    let settings = [
+        ("REDIS_URL", redis.url()),
+        ("SQL_CONNECTION_STRING", store),
+        (
+            order_guard::faults::DISK_AWAY_WHILE,
+            away.display().to_string(),
+        ),
+    ];
+    let existing = order_guard::store::SqliteStore::open(&db, Duration::from_secs(5)).unwrap();
+    order_guard::store::OrderStore::migrate(&existing)
+        .await
+        .unwrap();
+    drop(existing);
+    std::fs::write(&away, b"").unwrap();
+    let mut handler = Proc::spawn(dir.path(), "disk-away-at-start", &settings);
+    handler.wait_for_log("disk I/O error").await;
+    assert!(
+        handler.child.try_wait().unwrap().is_none(),
+        "the handler exited while its disk was briefly away (the host would count a failed start); log:\n{}",
+        handler.log_text()
+    );
+    std::fs::remove_file(&away).unwrap();
+    if let Err(e) = common::wait_ready(handler.port, &mut handler.child, START_LIMIT).await {
+        panic!("{e}; log:\n{}", handler.log_text());
+    }
+    let id = common::unique_id("after-disk");
     let rv = succeeded(&handler.invoke(&order_body(&id)).await.unwrap());
     assert_eq!(rv["outcome"], "executed", "{rv}");
 }

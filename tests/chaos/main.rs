@@ -12,8 +12,10 @@
 //! whose answer the host would judge failed is redelivered on a compressed
 //! Event Grid back-off until it gets a 2xx (bounded). Meanwhile a seeded chaos
 //! schedule SIGKILLs handlers (a supervisor restarts them, as the host does),
-//! restarts Redis, flushes it, and locks the database (`BEGIN EXCLUSIVE`)
-//! for a second or two; crash fault points abort handlers mid-order.
+//! restarts Redis, flushes it, and takes the database's disk away for a
+//! second or two (every SQLite file operation of the handlers fails, on the
+//! handles they hold: `faults::disk`); crash fault points abort handlers
+//! mid-order.
 //!
 //! The audit then reads the database and Redis directly. Sizes and seed:
 //! `CHAOS_ORDERS` (default [`DEFAULT_ORDERS`]) and `CHAOS_SEED` (default:
@@ -336,6 +338,12 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
             ("OUTBOX_LEASE_SECONDS", OUTBOX_LEASE_SECONDS.to_string()),
         ] {
             env.push((k.to_string(), v));
+        }
+        if let Db::Sqlite(path) = db.as_ref() {
+            env.push((
+                order_guard::faults::DISK_AWAY_WHILE.to_string(),
+                disk_away_switch(path).display().to_string(),
+            ));
         }
         if slot == 0 {
             sweep_env = env.clone();

@@ -36,6 +36,12 @@ impl Db {
     }
 }
 
+/// The file whose existence takes the SQLite handlers' disk away (their
+/// `FAULT_DISK_AWAY_WHILE`), beside the database.
+pub(crate) fn disk_away_switch(db: &Path) -> PathBuf {
+    db.with_file_name("disk-away")
+}
+
 /// A TCP proxy in front of the database server that can cut every
 /// connection through it at once and refuse new ones for a while: a network
 /// outage as the handlers see it (TLS and TDS pass through untouched).
@@ -370,19 +376,13 @@ pub(crate) async fn run_chaos(
                 let started = Instant::now();
                 match db.as_ref() {
                     Db::Sqlite(path) => {
-                        let path = path.clone();
-                        tokio::task::spawn_blocking(move || {
-                            let conn =
-                                rusqlite::Connection::open(&path).expect("open the database");
-                            conn.busy_timeout(Duration::from_secs(30)).unwrap();
-                            conn.execute_batch("BEGIN EXCLUSIVE")
-                                .expect("BEGIN EXCLUSIVE on the shared database");
-                            // The outage lasts this long: chaos pacing, not synchronisation.
-                            std::thread::sleep(hold);
-                            conn.execute_batch("COMMIT").expect("COMMIT");
-                        })
-                        .await
-                        .expect("database outage");
+                        // Every handler's open handle fails until the file
+                        // goes: the disk is away, as a network volume drops.
+                        let switch = disk_away_switch(path);
+                        std::fs::write(&switch, b"").expect("take the disk away");
+                        // The outage lasts this long: chaos pacing, not synchronisation.
+                        tokio::time::sleep(hold).await;
+                        std::fs::remove_file(&switch).expect("bring the disk back");
                     }
                     Db::SqlServer { proxy, .. } => proxy.outage(hold).await,
                 }

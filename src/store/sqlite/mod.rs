@@ -241,10 +241,13 @@ impl SqliteStore {
                     path.display()
                 ));
             }
-            StoreError::Permanent(format!(
-                "cannot open SQLite database {}: {e}",
-                path.display()
-            ))
+            // Opening reads the file's header: a disk briefly away (a
+            // network volume's hiccup) or a lock is worth waiting out.
+            let message = format!("cannot open SQLite database {}: {e}", path.display());
+            match classify(e) {
+                StoreError::Transient(_) => StoreError::Transient(message),
+                _ => StoreError::Permanent(message),
+            }
         })?;
         conn.busy_timeout(busy_timeout).map_err(classify)?;
         // Set only when not WAL yet: asking to change the journal mode

@@ -6,6 +6,18 @@
 //! `FAILPOINTS='after_guard_acquire=5%return(crash);before_complete=10%return(error)'`:
 //! `return(crash)` aborts the process on the spot (a worker dying mid-way),
 //! `return(error)` makes the step fail as a transient dependency error.
+//!
+//! One fault is not a point in the code but the disk under the SQLite store:
+//! with [`DISK_AWAY_WHILE`] set, every SQLite file operation fails while the
+//! file it names exists ([`disk`]).
+
+#[cfg(feature = "failpoints")]
+pub mod disk;
+
+/// The environment variable naming the file whose existence takes the
+/// SQLite store's disk away (`disk::arm`): the chaos run creates it for an
+/// outage and removes it when the outage ends.
+pub const DISK_AWAY_WHILE: &str = "FAULT_DISK_AWAY_WHILE";
 
 /// After the guard reservation is taken, before the store is touched.
 pub const AFTER_GUARD_ACQUIRE: &str = "after_guard_acquire";
@@ -51,6 +63,20 @@ pub fn setup_from_env() {
                 }
             }
             log::warn!("fault points armed: {spec}");
+        }
+        if let Some(switch) = std::env::var_os(DISK_AWAY_WHILE) {
+            let switch = std::path::PathBuf::from(switch);
+            match disk::arm(switch.clone()) {
+                Ok(()) => log::warn!(
+                    "disk fault armed: SQLite's files fail while {} exists",
+                    switch.display()
+                ),
+                Err(e) => {
+                    // A chaos run must not go on quietly without its fault.
+                    eprintln!("{DISK_AWAY_WHILE}: the disk fault could not be armed: {e}");
+                    std::process::exit(2);
+                }
+            }
         }
     }
 }
