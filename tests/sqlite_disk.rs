@@ -1,8 +1,9 @@
 //! The SQLite store when its disk goes away and comes back, as a network
 //! volume does (Azure Files under a Functions app): every call fails as
-//! transient (answered `retry`; an open too, which a start waits out),
-//! nothing half-written is kept, and the same store serves again on its
-//! open handle once the disk is back.
+//! transient (answered `retry`; an open too, which a start waits out), and
+//! the same store serves again on its open handle once the disk is back,
+//! its file whole. (Here the calls fail as they begin; the disk gone in
+//! the middle of a group is `store::sqlite::tests`'.)
 //!
 //! The disk is taken away by the `failpoints` build's fault VFS
 //! (`order_guard::faults::disk`): every SQLite file operation of this
@@ -34,7 +35,7 @@ async fn calls_fail_as_transient_while_the_disk_is_away_and_the_same_store_serve
 {
     let dir = tempfile::tempdir().unwrap();
     let away = dir.path().join("disk-away");
-    order_guard::faults::disk::arm(away.clone()).unwrap();
+    order_guard::faults::disk::arm(away.clone(), true).unwrap();
     let path = dir.path().join("orders.db");
     let store = SqliteStore::open(&path, Duration::from_secs(5)).unwrap();
     store.migrate().await.unwrap();

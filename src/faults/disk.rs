@@ -14,6 +14,15 @@
 //! header whose methods check the switch and forward. Releasing (unlock,
 //! close, unmap) always goes through: a lock is never left held by a
 //! refused release, as the kernel would drop it with the handle anyway.
+//! Not faulted: file controls (a size hint may write when a chunk size is
+//! set, which the store does not), sector size and device characteristics.
+//!
+//! What a real disk may do and this one does too: a commit whose frames
+//! were written before the disk went and whose sync then failed is
+//! answered as failed, yet its frames are in the WAL, and a later
+//! recovery (every connection closed, then one opened) may find it
+//! committed. The store's calls are idempotent, so it is harmless for
+//! them; it is why a failed commit is `retry`, never "not done".
 
 use std::ffi::{c_int, c_void};
 use std::mem::size_of;
@@ -28,33 +37,38 @@ static SWITCH: OnceLock<PathBuf> = OnceLock::new();
 /// SQLite's default VFS, which does the real work (a `*mut sqlite3_vfs`).
 static BASE: OnceLock<usize> = OnceLock::new();
 
-/// Register the VFS as the process's default: from now on, while `switch`
-/// exists, every SQLite file operation fails. Call it before the store
-/// opens its database; once per process (a second call is refused).
-pub fn arm(switch: PathBuf) -> Result<(), String> {
-    // rusqlite configures and initialises SQLite on its first connection,
-    // and refuses to run on a library someone else initialised (which
-    // `sqlite3_vfs_find` would do): let it go first.
-    rusqlite::Connection::open_in_memory().map_err(|e| format!("SQLite: {e}"))?;
+/// The VFS's name, for a connection that asks for it by name
+/// (`Connection::open_with_flags_and_vfs`) when it is not the default.
+pub const NAME: &str = "order-guard-disk-fault";
+const C_NAME: &std::ffi::CStr = c"order-guard-disk-fault";
+
+/// Register the VFS: from now on, while `switch` exists, every file
+/// operation through it fails. `as_default`: every connection the process
+/// opens afterwards goes through it (the handlers under chaos); otherwise
+/// only those that ask for [`NAME`] (a test beside others in one process).
+/// Once per process (a second call is refused).
+pub fn arm(switch: PathBuf, as_default: bool) -> Result<(), String> {
     SWITCH
         .set(switch)
         .map_err(|_| "the disk fault is armed already".to_string())?;
-    // SAFETY: SQLite is initialised (above); the default VFS lives as long
-    // as the process. The copy is leaked, so it does too, as SQLite needs of
-    // a registered VFS. Every method but `xOpen` is the default VFS's own,
-    // given its `pAppData` (copied with it).
+    // SAFETY: `sqlite3_vfs_find` initialises SQLite if needed; the default
+    // VFS lives as long as the process. The copy is leaked, so it does too,
+    // as SQLite needs of a registered VFS. Every method but `xOpen` is the
+    // default VFS's own, given its `pAppData` (copied with it); unix's
+    // ignore the VFS pointer they are passed.
     unsafe {
         let base = ffi::sqlite3_vfs_find(ptr::null());
         if base.is_null() {
             return Err("SQLite has no default VFS".into());
         }
         let mut vfs: ffi::sqlite3_vfs = ptr::read(base);
-        vfs.zName = c"order-guard-disk-fault".as_ptr();
+        debug_assert_eq!(C_NAME.to_str(), Ok(NAME));
+        vfs.zName = C_NAME.as_ptr();
         vfs.szOsFile = HEADER + (*base).szOsFile;
         vfs.pNext = ptr::null_mut();
         vfs.xOpen = Some(open);
         BASE.get_or_init(|| base as usize);
-        let rc = ffi::sqlite3_vfs_register(Box::leak(Box::new(vfs)), 1);
+        let rc = ffi::sqlite3_vfs_register(Box::leak(Box::new(vfs)), c_int::from(as_default));
         if rc != ffi::SQLITE_OK {
             return Err(format!("sqlite3_vfs_register failed ({rc})"));
         }
@@ -84,7 +98,9 @@ fn base() -> *mut ffi::sqlite3_vfs {
     *BASE.get().expect("the disk fault is armed") as *mut ffi::sqlite3_vfs
 }
 
-/// The default VFS's methods of an open file.
+/// The default VFS's methods of an open file (unix gives every file a
+/// whole version-3 table; only the database file's has shared memory,
+/// and SQLite asks for it on no other).
 ///
 /// # Safety
 /// `file` is a [`Wrapped`] this VFS opened successfully.

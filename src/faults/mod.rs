@@ -66,7 +66,7 @@ pub fn setup_from_env() {
         }
         if let Some(switch) = std::env::var_os(DISK_AWAY_WHILE) {
             let switch = std::path::PathBuf::from(switch);
-            match disk::arm(switch.clone()) {
+            match disk::arm(switch.clone(), true) {
                 Ok(()) => log::warn!(
                     "disk fault armed: SQLite's files fail while {} exists",
                     switch.display()

@@ -61,11 +61,11 @@ trait Call: Send {
     /// Whether its effect must be on disk before it is answered (see
     /// [`Durability`]).
     fn durability(&self) -> Durability;
-    /// Given the connection, run inside the call's own savepoint and say
-    /// whether it succeeded (else its savepoint is rolled back); given
+    /// Given the connection, run inside the call's own savepoint and hand
+    /// back its failure, if any (then its savepoint is rolled back); given
     /// `None`, do not run. Either way hand back how to answer once the
     /// group's commit (or failure) is known.
-    fn run(self: Box<Self>, conn: Option<&mut Connection>) -> (bool, Reply);
+    fn run(self: Box<Self>, conn: Option<&mut Connection>) -> (Option<StoreError>, Reply);
 }
 
 type Job = Box<dyn Call>;
@@ -109,7 +109,7 @@ where
         self.durability
     }
 
-    fn run(self: Box<Self>, conn: Option<&mut Connection>) -> (bool, Reply) {
+    fn run(self: Box<Self>, conn: Option<&mut Connection>) -> (Option<StoreError>, Reply) {
         let Pending { tx, f, .. } = *self;
         let Some(conn) = conn else {
             let reply: Reply = Box::new(move |e| {
@@ -118,7 +118,7 @@ where
                     .unwrap_or_else(|| StoreError::Transient("store call not run".into()));
                 let _ = tx.send(Err(e));
             });
-            return (false, reply);
+            return (None, reply);
         };
         let result = match catch_unwind(AssertUnwindSafe(|| f(conn))) {
             Ok(r) => r.map_err(classify),
@@ -126,14 +126,14 @@ where
                 "store task failed: it panicked".into(),
             )),
         };
-        let ok = result.is_ok();
+        let failed = result.as_ref().err().cloned();
         let reply: Reply = Box::new(move |commit_failed| {
             let _ = tx.send(match commit_failed {
                 Some(e) => Err(e.clone()),
                 None => result,
             });
         });
-        (ok, reply)
+        (failed, reply)
     }
 }
 
@@ -426,20 +426,33 @@ fn run_group(
             pressure.skipped.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let step = conn.execute_batch("SAVEPOINT job").and_then(|()| {
-            let (ok, reply) = job.run(Some(&mut *conn));
-            replies.push(reply);
-            conn.execute_batch(if ok {
-                "RELEASE job"
-            } else {
-                "ROLLBACK TO job; RELEASE job"
-            })
-        });
+        let step = conn
+            .execute_batch("SAVEPOINT job")
+            .map_err(classify)
+            .and_then(|()| {
+                let (failed, reply) = job.run(Some(&mut *conn));
+                replies.push(reply);
+                if conn.is_autocommit() {
+                    // SQLite ended the transaction itself: an I/O error (a
+                    // disk gone away) or a full disk rolls back the whole
+                    // transaction, not the statement, and every savepoint with
+                    // it. The group's calls share its fate, and its cause.
+                    return Err(failed.unwrap_or_else(|| {
+                        StoreError::Transient("SQLite rolled the transaction back".into())
+                    }));
+                }
+                conn.execute_batch(if failed.is_none() {
+                    "RELEASE job"
+                } else {
+                    "ROLLBACK TO job; RELEASE job"
+                })
+                .map_err(classify)
+            });
         if let Err(e) = step {
             // The transaction is in an unknown state: abandon the whole group.
             let _ = conn.execute_batch("ROLLBACK");
             replies.extend(jobs.map(|job| job.run(None).1));
-            fail_all(replies, &classify(e));
+            fail_all(replies, &e);
             return;
         }
     }
@@ -808,6 +821,89 @@ mod tests {
         assert_eq!(group_durability([Relaxed, Relaxed]), Relaxed);
         assert_eq!(group_durability([Relaxed, Full, Relaxed]), Full);
         assert_eq!(group_durability([Full]), Full);
+    }
+
+    /// A disk gone in the middle of a group, an I/O error in one call's own
+    /// statement: SQLite rolls the whole transaction back, savepoints and
+    /// all, so every call of the group fails, as transient and with the
+    /// error that ended it (not "no such savepoint", taken for permanent),
+    /// and nothing of the group is kept. The same connection serves again
+    /// once the disk is back.
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn a_disk_gone_mid_group_fails_the_whole_group_as_transient_and_keeps_none_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let away = dir.path().join("disk-away");
+        // Not the default VFS: other tests of this process are untouched.
+        crate::faults::disk::arm(away.clone(), false).unwrap();
+        let mut conn = Connection::open_with_flags_and_vfs(
+            dir.path().join("t.db"),
+            OpenFlags::default(),
+            crate::faults::disk::NAME,
+        )
+        .unwrap();
+        // A table bigger than the page cache: reading it goes to the file.
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE t (x INTEGER);
+             CREATE TABLE big (b BLOB);
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
+             INSERT INTO big SELECT zeroblob(4000) FROM n;
+             PRAGMA cache_size = 10;",
+        )
+        .unwrap();
+        type Answer = tokio::sync::oneshot::Receiver<Result<(), StoreError>>;
+        fn job<F>(f: F) -> (Job, Answer)
+        where
+            F: FnOnce(&mut Connection) -> Result<(), rusqlite::Error> + Send + 'static,
+        {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let durability = Durability::Full;
+            (Box::new(Pending { tx, f, durability }), rx)
+        }
+        let insert = |x: i64| {
+            job(move |conn: &mut Connection| {
+                conn.execute("INSERT INTO t VALUES (?1)", [x]).map(|_| ())
+            })
+        };
+        let gone = away.clone();
+        let (first, second, third) = (
+            insert(1),
+            job(move |conn: &mut Connection| {
+                std::fs::write(&gone, b"").unwrap();
+                conn.query_row("SELECT sum(length(b)) FROM big", [], |r| r.get::<_, i64>(0))
+                    .map(|_| ())
+            }),
+            insert(3),
+        );
+        let (pressure, mut synchronous) = (PressureCounters::default(), Durability::Full);
+        run_group(
+            &mut conn,
+            vec![first.0, second.0, third.0],
+            &pressure,
+            &mut synchronous,
+        );
+        for (name, mut answer) in [("first", first.1), ("second", second.1), ("third", third.1)] {
+            match answer.try_recv() {
+                Ok(Err(StoreError::Transient(e))) if e.contains("disk I/O error") => {}
+                other => panic!(
+                    "the {name} call of the group: want a transient I/O error, got {other:?}"
+                ),
+            }
+        }
+
+        std::fs::remove_file(&away).unwrap();
+        let mut after = insert(4);
+        run_group(&mut conn, vec![after.0], &pressure, &mut synchronous);
+        assert_eq!(after.1.try_recv().unwrap(), Ok(()));
+        let kept: Vec<i64> = conn
+            .prepare("SELECT x FROM t")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(kept, vec![4], "nothing of the failed group is kept");
     }
 
     /// A relaxed call commits `NORMAL`; the next call that must be durable
