@@ -5,20 +5,27 @@
 //! store must find it by its own timeout, on one connection only, and go on
 //! on new ones. Or it closes them all and refuses new ones for a while (an
 //! outage): the pool must refill itself once the server is back, and serve
-//! a call that waited through it.
+//! a call that waited through it. And once on a real drop (a route that
+//! discards the packets, `common::blackhole`): the kernel's keep-alive must
+//! find idle connections dead by itself.
 //!
 //! Runs when `ORDER_GUARD_TEST_MSSQL` names a server (`scripts/test.sh`
 //! starts the T-SQL engine and sets it); says so and runs nothing otherwise.
 
 mod common;
 
+use std::net::SocketAddrV4;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::proxy::{server_of, via, TurnProxy};
+use common::blackhole::{established_to, private_loopback, Blackhole};
+use common::proxy::{server_of, via, via_address, TurnProxy};
 use common::unique_id;
 use order_guard::order::Order;
-use order_guard::store::sqlserver::{pool::MIN_IDLE, retry::call_budget, SqlServerSettings};
+use order_guard::store::sqlserver::pool::{
+    KEEPALIVE_INTERVAL, KEEPALIVE_RETRIES, KEEPALIVE_TIME, MIN_IDLE,
+};
+use order_guard::store::sqlserver::{retry::call_budget, SqlServerSettings};
 use order_guard::store::{Execution, OrderStore, SqlServerStore};
 use serde_json::json;
 
@@ -93,6 +100,79 @@ async fn after_a_silent_drop_no_call_waits_longer_than_a_query_timeout_and_every
             .iter()
             .map(|w| format!("{} ms", w.as_millis()))
             .collect::<Vec<_>>()
+    );
+}
+
+/// A real silent drop, not the proxy's emulation (whose kernel still
+/// acknowledges every byte): every packet to the server's address is
+/// discarded. TCP keep-alive on the pooled sockets finds the idle
+/// connections dead by itself, with no call made, within
+/// `KEEPALIVE_TIME + KEEPALIVE_INTERVAL × KEEPALIVE_RETRIES` of their last
+/// traffic; once the path is back, a call is served within one query
+/// timeout (a dead connection fails at its first write, it is not waited on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_finds_idle_connections_dead_across_a_real_silent_drop() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let server = server_of(&cs).expect("a Server=host,port in ORDER_GUARD_TEST_MSSQL");
+    let address = private_loopback();
+    let proxy = TurnProxy::start_on(address, server, Duration::ZERO).await;
+    let path = SocketAddrV4::new(address, proxy.port);
+    let query_timeout = Duration::from_secs(4);
+    let store = common::mssql_store(&via_address(&cs, address, proxy.port), query_timeout).await;
+    let account = unique_id("acct");
+    let warm = futures::future::join_all((0..3).map(|_| {
+        let (store, o) = (store.clone(), order(&account));
+        async move { store.execute(&o, "e", "{}").await }
+    }))
+    .await;
+    assert!(
+        warm.iter().all(|r| r == &Ok(Execution::Executed)),
+        "{warm:?}"
+    );
+    common::mssql_pool_at_rest(&store).await;
+    let open = established_to(path);
+    assert!(
+        open > 0,
+        "no connection of the pool to {path} in /proc/net/tcp"
+    );
+
+    let blackhole = Blackhole::drop_all_to(address);
+    let dropped = Instant::now();
+    let bound = KEEPALIVE_TIME + KEEPALIVE_INTERVAL * KEEPALIVE_RETRIES;
+    // The kernel's table is the signal: polled, not slept on.
+    while established_to(path) > 0 {
+        assert!(
+            dropped.elapsed() < bound + Duration::from_secs(10),
+            "{} of {open} idle connections to {path} still open {:?} after a real silent drop: \
+             keep-alive ({bound:?}) did not reset them",
+            established_to(path),
+            dropped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let found = dropped.elapsed();
+    drop(blackhole);
+
+    let started = Instant::now();
+    let result = store.execute(&order(&account), "e", "{}").await;
+    let waited = started.elapsed();
+    assert_eq!(
+        result,
+        Ok(Execution::Executed),
+        "the first call after the drop"
+    );
+    assert!(
+        waited < query_timeout,
+        "the first call after the drop waited {waited:?} (query timeout {query_timeout:?})"
+    );
+    println!(
+        "real silent drop: {open} idle connections reset by keep-alive {} ms after the drop \
+         (bound {} ms from their last traffic); the next call answered in {} ms",
+        found.as_millis(),
+        bound.as_millis(),
+        waited.as_millis()
     );
 }
 

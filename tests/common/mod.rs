@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod azurite;
+pub mod blackhole;
 pub mod event_grid;
 mod host;
 pub mod identity;

@@ -7,7 +7,7 @@
 //! that lost its state does, no RST and no FIN, the bytes just go nowhere;
 //! or close them all and refuse new ones for a while ([`TurnProxy::outage`]).
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +30,11 @@ pub fn server_of(cs: &str) -> Option<SocketAddr> {
 
 /// `cs` with its server replaced by this proxy's loopback port.
 pub fn via(cs: &str, port: u16) -> String {
+    via_address(cs, Ipv4Addr::LOCALHOST, port)
+}
+
+/// `cs` with its server replaced by `address:port`.
+pub fn via_address(cs: &str, address: Ipv4Addr, port: u16) -> String {
     let mut parts: Vec<String> = cs
         .split(';')
         .filter(|p| {
@@ -43,7 +48,7 @@ pub fn via(cs: &str, port: u16) -> String {
         })
         .map(str::to_string)
         .collect();
-    parts.push(format!("Server=tcp:127.0.0.1,{port}"));
+    parts.push(format!("Server=tcp:{address},{port}"));
     parts.join(";")
 }
 
@@ -69,7 +74,13 @@ impl TurnProxy {
     /// Listen on a free loopback port and forward every connection to
     /// `upstream`, each chunk held for `one_way` in each direction.
     pub async fn start(upstream: SocketAddr, one_way: Duration) -> TurnProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(Ipv4Addr::LOCALHOST, upstream, one_way).await
+    }
+
+    /// [`TurnProxy::start`] on `address`: a loopback address of its own,
+    /// which a [`super::blackhole::Blackhole`] can take off the network.
+    pub async fn start_on(address: Ipv4Addr, upstream: SocketAddr, one_way: Duration) -> TurnProxy {
+        let listener = TcpListener::bind((address, 0)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let turns = Arc::new(AtomicU64::new(0));
         let counted = Arc::clone(&turns);
