@@ -828,7 +828,8 @@ mod tests {
     /// all, so every call of the group fails, as transient and with the
     /// error that ended it (not "no such savepoint", taken for permanent),
     /// and nothing of the group is kept. The same connection serves again
-    /// once the disk is back.
+    /// once the disk is back. The same when it goes just before the
+    /// group's commit.
     #[cfg(feature = "failpoints")]
     #[test]
     fn a_disk_gone_mid_group_fails_the_whole_group_as_transient_and_keeps_none_of_it() {
@@ -896,6 +897,33 @@ mod tests {
         let mut after = insert(4);
         run_group(&mut conn, vec![after.0], &pressure, &mut synchronous);
         assert_eq!(after.1.try_recv().unwrap(), Ok(()));
+
+        // Gone at the commit: its write or sync of the WAL fails, the group is
+        // rolled back, every call answered the commit's I/O error.
+        let gone = away.clone();
+        let (fifth, sixth) = (
+            insert(5),
+            job(move |conn: &mut Connection| {
+                conn.execute("INSERT INTO t VALUES (6)", [])?;
+                std::fs::write(&gone, b"").unwrap();
+                Ok(())
+            }),
+        );
+        run_group(
+            &mut conn,
+            vec![fifth.0, sixth.0],
+            &pressure,
+            &mut synchronous,
+        );
+        for (name, mut answer) in [("fifth", fifth.1), ("sixth", sixth.1)] {
+            match answer.try_recv() {
+                Ok(Err(StoreError::Transient(e))) if e.contains("disk I/O error") => {}
+                other => panic!(
+                    "the {name} call, its commit failed: want a transient I/O error, got {other:?}"
+                ),
+            }
+        }
+        std::fs::remove_file(&away).unwrap();
         let kept: Vec<i64> = conn
             .prepare("SELECT x FROM t")
             .unwrap()
