@@ -8,9 +8,9 @@
 //! rather than a lock it can wait out, and must serve again on the same
 //! handle once the disk is back. Built only with `--features failpoints`.
 //!
-//! How: a VFS that wraps SQLite's default one (`unix`) and is registered as
-//! the default, so every connection the process opens afterwards goes
-//! through it. Each file it opens is the default VFS's file, preceded by a
+//! How: a VFS that wraps SQLite's default one (`unix`), registered as the
+//! default (every connection the process opens afterwards goes through it)
+//! or only by name, [`NAME`], for a test among others in one process. Each file it opens is the default VFS's file, preceded by a
 //! header whose methods check the switch and forward. Releasing (unlock,
 //! close, unmap) always goes through: a lock is never left held by a
 //! refused release, as the kernel would drop it with the handle anyway.
