@@ -3,7 +3,7 @@
 //! transient (answered `retry`; an open too, which a start waits out), and
 //! the same store serves again on its open handle once the disk is back,
 //! its file whole. (Here the calls fail as they begin; the disk gone in
-//! the middle of a group is `store::sqlite::tests`'.)
+//! the middle of a group is `store::sqlite::writer::tests`'.)
 //!
 //! The disk is taken away by the `failpoints` build's fault VFS
 //! (`order_guard::faults::disk`): every SQLite file operation of this

@@ -11,10 +11,21 @@ use std::process::Command;
 
 /// A loopback address of this process's own (127.77.x.y from its pid),
 /// for a proxy that a [`Blackhole`] takes off the network without
-/// touching anything else on the machine.
+/// touching anything else on the machine. A route left on it by a killed
+/// run of a process with the same pid is removed first: while it stands,
+/// the address is not local and nothing can listen on it.
 pub fn private_loopback() -> Ipv4Addr {
     let [_, _, x, y] = std::process::id().to_be_bytes();
-    Ipv4Addr::new(127, 77, x, y)
+    let address = Ipv4Addr::new(127, 77, x, y);
+    let _ = ip(&[
+        "route",
+        "del",
+        "blackhole",
+        &format!("{address}/32"),
+        "table",
+        "local",
+    ]);
+    address
 }
 
 /// Every packet to `address` discarded while this lives.
@@ -25,8 +36,6 @@ pub struct Blackhole {
 impl Blackhole {
     pub fn drop_all_to(address: Ipv4Addr) -> Blackhole {
         let route = format!("{address}/32");
-        // A route left by a killed run of a process with the same pid.
-        let _ = ip(&["route", "del", "blackhole", &route, "table", "local"]);
         if let Err(e) = ip(&["route", "add", "blackhole", &route, "table", "local"]) {
             panic!(
                 "cannot drop packets to {address} (`ip route add blackhole {route} table local`): {e}; \

@@ -196,28 +196,35 @@ fn run_group(
             pressure.skipped.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let step = conn
-            .execute_batch("SAVEPOINT job")
-            .map_err(classify)
-            .and_then(|()| {
+        let step = match conn.execute_batch("SAVEPOINT job") {
+            Err(e) => {
+                // Not run: answered with the group's failure below.
+                replies.push(job.run(None).1);
+                Err(classify(e))
+            }
+            Ok(()) => {
                 let (failed, reply) = job.run(Some(&mut *conn));
                 replies.push(reply);
                 if conn.is_autocommit() {
                     // SQLite ended the transaction itself: an I/O error (a
                     // disk gone away) or a full disk rolls back the whole
-                    // transaction, not the statement, and every savepoint with
-                    // it. The group's calls share its fate, and its cause.
-                    return Err(failed.unwrap_or_else(|| {
+                    // transaction, not the statement, and every savepoint
+                    // with it. The group's calls share its fate and its
+                    // cause (`classify`: an I/O error is transient, a full
+                    // disk is not).
+                    Err(failed.unwrap_or_else(|| {
                         StoreError::Transient("SQLite rolled the transaction back".into())
-                    }));
-                }
-                conn.execute_batch(if failed.is_none() {
-                    "RELEASE job"
+                    }))
                 } else {
-                    "ROLLBACK TO job; RELEASE job"
-                })
-                .map_err(classify)
-            });
+                    conn.execute_batch(if failed.is_none() {
+                        "RELEASE job"
+                    } else {
+                        "ROLLBACK TO job; RELEASE job"
+                    })
+                    .map_err(classify)
+                }
+            }
+        };
         if let Err(e) = step {
             // The transaction is in an unknown state: abandon the whole group.
             let _ = conn.execute_batch("ROLLBACK");
@@ -283,14 +290,13 @@ mod tests {
             crate::faults::disk::NAME,
         )
         .unwrap();
-        // A table bigger than the page cache: reading it goes to the file.
+        // A table of many pages, for a read that needs the file.
         conn.execute_batch(
             "PRAGMA journal_mode = WAL;
              CREATE TABLE t (x INTEGER);
              CREATE TABLE big (b BLOB);
              WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200)
-             INSERT INTO big SELECT zeroblob(4000) FROM n;
-             PRAGMA cache_size = 10;",
+             INSERT INTO big SELECT zeroblob(4000) FROM n;",
         )
         .unwrap();
         type Answer = tokio::sync::oneshot::Receiver<Result<(), StoreError>>;
@@ -311,9 +317,19 @@ mod tests {
         let (first, second, third) = (
             insert(1),
             job(move |conn: &mut Connection| {
+                // Every clean page dropped from the cache (its size alone
+                // does not bound it: caches of one process may share one
+                // pool of pages), so the read below goes to the file.
+                // SAFETY: the handle is this live connection's, used on
+                // its own thread.
+                unsafe { rusqlite::ffi::sqlite3_db_release_memory(conn.handle()) };
                 std::fs::write(&gone, b"").unwrap();
-                conn.query_row("SELECT sum(length(b)) FROM big", [], |r| r.get::<_, i64>(0))
-                    .map(|_| ())
+                conn.query_row(
+                    "SELECT count(*) FROM big WHERE b = zeroblob(4000)",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map(|_| ())
             }),
             insert(3),
         );
@@ -323,6 +339,11 @@ mod tests {
             vec![first.0, second.0, third.0],
             &pressure,
             &mut synchronous,
+        );
+        assert_eq!(
+            pressure.commits.load(Ordering::Relaxed),
+            0,
+            "no commit was tried"
         );
         for (name, mut answer) in [("first", first.1), ("second", second.1), ("third", third.1)] {
             match answer.try_recv() {
@@ -354,6 +375,11 @@ mod tests {
             vec![fifth.0, sixth.0],
             &pressure,
             &mut synchronous,
+        );
+        assert_eq!(
+            pressure.commits.load(Ordering::Relaxed),
+            2,
+            "the group after the disk came back committed, this one tried to"
         );
         for (name, mut answer) in [("fifth", fifth.1), ("sixth", sixth.1)] {
             match answer.try_recv() {
