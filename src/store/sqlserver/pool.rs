@@ -109,7 +109,8 @@ pub const LOGINS_AT_ONCE: usize = 2;
 /// (bb8's `min_idle`): one, so a pool emptied by an outage starts refilling
 /// the moment the server takes logins again. Not two: measured in the SQL
 /// Server chaos run (seed 42), two doubled the logins of every start (each
-/// new session compiles the procedure on Babelfish, about 0.7 s of CPU),
+/// new session compiles the procedure on Babelfish, 0.7 s of CPU when
+/// measured, 2.65–2.81 s on 2026-12-03: `docs/benchmarks.md`),
 /// and with handlers killed and restarted the starts' schema checks missed
 /// their 3 s (attempts 3 614 to 4 096 for 691 deliveries, against 2 044 to
 /// 2 130 before issue 31 and 2 088 with one).

@@ -136,7 +136,8 @@ pub fn execute_procedure_batches() -> [String; 3] {
 /// table. It makes the server compile the procedure for the connection
 /// inside the paced login (`pool.rs`), not inside the first caller's query
 /// timeout: on the CI's engine (Babelfish) each new session compiles it
-/// again, about 0.7 s of CPU, against about 1.5 ms for a call after it;
+/// again (0.7 s of CPU when measured, 2.65–2.81 s on 2026-12-03:
+/// `docs/benchmarks.md`), against about 1.5 ms for a call after it;
 /// SQL Server compiles it once for all sessions and answers this in a
 /// round trip.
 /// Skipped on a database `migrate` has not made it in yet.
