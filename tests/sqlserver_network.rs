@@ -37,6 +37,21 @@ fn order(account: &str) -> Order {
     .unwrap()
 }
 
+/// `n` orders executed at once, so the pool holds up to `n` connections
+/// that have each served; then the pool at rest (no login in flight).
+async fn served_connections(store: &Arc<SqlServerStore>, account: &str, n: usize) {
+    let served = futures::future::join_all((0..n).map(|_| {
+        let (store, o) = (store.clone(), order(account));
+        async move { store.execute(&o, "e", "{}").await }
+    }))
+    .await;
+    assert!(
+        served.iter().all(|r| r == &Ok(Execution::Executed)),
+        "{served:?}"
+    );
+    common::mssql_pool_at_rest(store).await;
+}
+
 /// After a silent drop of every connection in the pool, no call waits on a
 /// dead connection longer than one query timeout: the first call meets one
 /// (its request unanswered, or its check on checkout), and sends again on a
@@ -54,17 +69,7 @@ async fn after_a_silent_drop_no_call_waits_longer_than_a_query_timeout_and_every
     let settings = common::mssql_settings(query_timeout);
     let store = common::mssql_store(&via(&cs, proxy.port), query_timeout).await;
     let account = unique_id("acct");
-    // Several connections, each of which has served.
-    let warm = futures::future::join_all((0..4).map(|_| {
-        let (store, o) = (store.clone(), order(&account));
-        async move { store.execute(&o, "e", "{}").await }
-    }))
-    .await;
-    assert!(
-        warm.iter().all(|r| r == &Ok(Execution::Executed)),
-        "{warm:?}"
-    );
-    common::mssql_pool_at_rest(&store).await;
+    served_connections(&store, &account, 4).await;
     let before = store.load().pool.expect("a pool");
 
     proxy.silence();
@@ -126,16 +131,7 @@ async fn keep_alive_finds_idle_connections_dead_across_a_real_silent_drop() {
     let query_timeout = Duration::from_secs(12);
     let store = common::mssql_store(&via_address(&cs, address, proxy.port), query_timeout).await;
     let account = unique_id("acct");
-    let warm = futures::future::join_all((0..3).map(|_| {
-        let (store, o) = (store.clone(), order(&account));
-        async move { store.execute(&o, "e", "{}").await }
-    }))
-    .await;
-    assert!(
-        warm.iter().all(|r| r == &Ok(Execution::Executed)),
-        "{warm:?}"
-    );
-    common::mssql_pool_at_rest(&store).await;
+    served_connections(&store, &account, 3).await;
     let open = established_to(path);
     assert!(
         open > 0,
@@ -201,16 +197,7 @@ async fn after_an_outage_a_waiting_call_is_served_by_the_first_login_that_succee
     let store = Arc::new(SqlServerStore::connect(&app, &settings).unwrap());
     store.migrate().await.unwrap();
     let account = unique_id("acct");
-    let warm = futures::future::join_all((0..3).map(|_| {
-        let (store, o) = (store.clone(), order(&account));
-        async move { store.execute(&o, "e", "{}").await }
-    }))
-    .await;
-    assert!(
-        warm.iter().all(|r| r == &Ok(Execution::Executed)),
-        "{warm:?}"
-    );
-    common::mssql_pool_at_rest(&store).await;
+    served_connections(&store, &account, 3).await;
 
     proxy.outage();
     let started = Instant::now();
@@ -255,16 +242,7 @@ async fn a_statement_blocked_on_a_lock_is_not_taken_for_a_dead_path() {
     let query_timeout = Duration::from_secs(3);
     let store = common::mssql_store(&cs, query_timeout).await;
     let account = unique_id("acct");
-    let warm = futures::future::join_all((0..3).map(|_| {
-        let (store, o) = (store.clone(), order(&account));
-        async move { store.execute(&o, "e", "{}").await }
-    }))
-    .await;
-    assert!(
-        warm.iter().all(|r| r == &Ok(Execution::Executed)),
-        "{warm:?}"
-    );
-    common::mssql_pool_at_rest(&store).await;
+    served_connections(&store, &account, 3).await;
     let before = store.load().pool.expect("a pool");
     // Another session holds the position row: the call's UPDATE waits.
     let mut blocker = common::mssql_raw_client(&cs).await;
