@@ -13,9 +13,9 @@
 //!   off, interleaved rounds at concurrency 1 and 16, medians of the rates,
 //!   CPU per order and the SQLite writer's share of it, and latencies at a
 //!   steady 500 orders/s; target: within 10 %; against
-//!   the queue (one request a message) and against an Event Grid topic
-//!   (the tests' contract endpoint, `tests/common/event_grid.rs`, on a
-//!   thread of its own on the other CPU: one request a round);
+//!   the queue and against an Event Grid topic (the tests' contract
+//!   endpoint, `tests/common/event_grid.rs`, on a thread of its own on the
+//!   other CPU), both packed: one request a round;
 //! - **a million rows**: first-delivery rate with an empty outbox and
 //!   with a million dispatched rows past the retention in it (on SQLite
 //!   two files, in interleaved rounds), `status`'s
@@ -499,9 +499,9 @@ async fn throughput(queue: &QueueService, n: usize) -> anyhow::Result<()> {
         sent_ceiling += take;
     }
     let ceiling = sent_ceiling as f64 / started.elapsed().as_secs_f64();
-    let cpu_per_message = (cpu_time() - cpu_before).as_secs_f64() * 1e6 / sent_ceiling as f64;
+    let cpu_per_announcement = (cpu_time() - cpu_before).as_secs_f64() * 1e6 / sent_ceiling as f64;
     println!(
-        "outbox dispatch throughput (sqlite, Azurite queue, {n} waiting, 64 a claim, 8 in flight): {rate:.0} announcements/s; the queue's ceiling with the same client: {ceiling:.0} messages/s ({:.0} %); the client's CPU per message: {cpu_per_message:.0} µs",
+        "outbox dispatch throughput (sqlite, Azurite queue, {n} waiting, 64 a claim, packed, 8 in flight): {rate:.0} announcements/s; the queue's ceiling with the same client: {ceiling:.0} announcements/s ({:.0} %); the client's CPU per announcement: {cpu_per_announcement:.0} µs",
         100.0 * rate / ceiling
     );
     Ok(())

@@ -49,12 +49,19 @@ fn dispatcher(store: &Arc<dyn OrderStore>, settings: QueueSettings) -> Dispatche
     )
 }
 
-/// The queue's messages as parsed events, by id (several copies of one id
-/// kept together).
+/// Each message's events: every message is a JSON array of CloudEvents.
+fn events_of(text: &str) -> Vec<Value> {
+    match serde_json::from_str(text) {
+        Ok(Value::Array(events)) => events,
+        other => panic!("a message is a JSON array of events: {other:?} in {text}"),
+    }
+}
+
+/// The queue's messages' events, by id (several copies of one id kept
+/// together).
 fn by_id(texts: &[String]) -> BTreeMap<String, Vec<Value>> {
     let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for t in texts {
-        let e: Value = serde_json::from_str(t).expect("each message is a JSON event");
+    for e in texts.iter().flat_map(|t| events_of(t)) {
         out.entry(e["id"].as_str().unwrap().to_string())
             .or_default()
             .push(e);
@@ -72,7 +79,7 @@ async fn execute_all(store: &Arc<dyn OrderStore>, orders: &[Order]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn executions_reach_the_queue_as_cloud_events_with_their_message_id() {
+async fn executions_reach_the_queue_packed_as_cloud_events_with_their_message_id() {
     let azurite = Azurite::start_queue();
     azurite.create_queue("order-executed").await;
     let (store, _dir) = common::sqlite_store().await;
@@ -85,7 +92,18 @@ async fn executions_reach_the_queue_as_cloud_events_with_their_message_id() {
     execute_all(&store, &orders).await;
     let d = dispatcher(&store, queue_settings(&azurite, "order-executed"));
     assert_eq!(d.drain().await.unwrap(), 3);
-    let got = by_id(&azurite.drain_queue("order-executed", true).await);
+    let texts = azurite.drain_queue("order-executed", true).await;
+    // One round, one message: its three events packed in their order.
+    assert_eq!(texts.len(), 1, "{texts:#?}");
+    let sequences: Vec<i64> = events_of(&texts[0])
+        .iter()
+        .map(|e| e["data"]["sequence"].as_i64().unwrap())
+        .collect();
+    assert!(
+        sequences.len() == 3 && sequences.windows(2).all(|w| w[0] < w[1]),
+        "{sequences:?}"
+    );
+    let got = by_id(&texts);
     assert_eq!(got.len(), 3, "{got:#?}");
     for (o, after) in orders.iter().zip(["5", "7.5", "8.5"]) {
         let copies = &got[&message_id(&o.order_id)];
@@ -181,7 +199,7 @@ async fn a_dispatcher_killed_between_send_and_mark_repeats_only_that_id() {
     assert_eq!(claim.rows.len(), 1);
     let first = QueueDestination::new(queue_settings(&azurite, "order-executed"));
     first
-        .send(&cloud_event(&Naming::default(), &claim.rows[0]).to_string())
+        .post(&[cloud_event(&Naming::default(), &claim.rows[0]).to_string()])
         .await
         .unwrap();
     // Another dispatcher: nothing to claim while the lease holds, the row
@@ -313,11 +331,11 @@ async fn serve_announces_what_it_executes_and_nothing_else() {
     // The announcements arrive on their own (nobody asks the dispatcher).
     let mut got = Vec::new();
     let started = Instant::now();
-    while got.len() < 3 {
+    while by_id(&got).len() < 3 {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "{} of 3 announcements arrived; log:\n{}",
-            got.len(),
+            by_id(&got).len(),
             log_text()
         );
         got.extend(azurite.drain_queue("executions", false).await);

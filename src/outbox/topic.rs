@@ -6,14 +6,13 @@
 //! topic, 413 too large). Contract-tested against a local endpoint that
 //! enforces that contract (`tests/common/event_grid.rs`), not emulated.
 //!
-//! A round's events go in as few requests as fit in 1 MB ([`chunks`]); a
-//! request's answer is each of its events' answer. Event Grid promises no
-//! order of delivery either.
+//! A round's events go in as few requests as fit in 1 MB (the
+//! destination's packs); a request's answer is each of its events' answer.
+//! Event Grid promises no order of delivery either.
 
-use std::ops::Range;
 use std::time::Duration;
 
-use super::destination::SendFailure;
+use super::destination::Refusal;
 use crate::deadletter::storage::Secret;
 
 /// The API version of the publish call.
@@ -100,41 +99,10 @@ impl TopicDestination {
         )
     }
 
-    /// Publish `events` (each a JSON event of the topic's schema) in as
-    /// few requests as fit; one answer per event.
-    /// A request of several events refused as malformed or too large is
-    /// sent again one event a request, so only the event at fault is
-    /// refused (and parked) and the others go.
-    pub async fn send_all(&self, events: &[String]) -> Vec<Result<(), SendFailure>> {
-        let mut answers = Vec::with_capacity(events.len());
-        for range in chunks(events, MAX_REQUEST_BYTES) {
-            let batch = &events[range];
-            match self.post(batch).await {
-                Err(f) if f.per_event && batch.len() > 1 => {
-                    for e in batch {
-                        let alone = self.post(std::slice::from_ref(e)).await;
-                        answers.push(alone.map_err(|f| f.failure));
-                    }
-                }
-                answer => {
-                    let answer = answer.map_err(|f| f.failure);
-                    answers.extend(batch.iter().map(|_| answer.clone()));
-                }
-            }
-        }
-        answers
-    }
-
-    async fn post(&self, batch: &[String]) -> Result<(), Refusal> {
-        let plain = |failure: SendFailure| Refusal {
-            failure,
-            per_event: false,
-        };
-        #[cfg(feature = "failpoints")]
-        if let Some(injected) = super::destination::injected_send_fault().await {
-            return injected.map_err(plain);
-        }
-        let body = format!("[{}]", batch.join(","));
+    /// Publish one pack of events (each a JSON event of the topic's
+    /// schema) in one request.
+    pub async fn post(&self, pack: &[String]) -> Result<(), Refusal> {
+        let body = super::destination::pack(pack);
         let mut request = self
             .client
             .post(format!(
@@ -150,97 +118,33 @@ impl TopicDestination {
                 let token = chain
                     .get_token(&[EVENT_GRID_SCOPE], None)
                     .await
-                    .map_err(|e| plain(SendFailure {
-                        message: format!("no Entra ID token for Event Grid ({e}); on Azure give the app's identity the EventGrid Data Sender role on the topic; locally run `az login`"),
-                        refused: false,
-                    }))?;
+                    .map_err(|e| Refusal::of_request(format!("no Entra ID token for Event Grid ({e}); on Azure give the app's identity the EventGrid Data Sender role on the topic; locally run `az login`")))?;
                 request.bearer_auth(token.token.secret())
             }
             (TopicAuth::EntraId, None) => unreachable!("made with the credential"),
         };
-        let response = request.send().await.map_err(|e| {
-            plain(SendFailure {
-                message: format!("the topic could not be reached: {e}"),
-                refused: false,
-            })
-        })?;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| Refusal::of_request(format!("the topic could not be reached: {e}")))?;
         let status = response.status().as_u16();
         if response.status().is_success() {
             return Ok(());
         }
         let text = response.text().await.unwrap_or_default();
         let detail = crate::event::escaped(text.get(..300).unwrap_or(&text));
+        let message = match status {
+            401 | 403 => format!("the topic refused the credential ({status}): check OUTBOX_TOPIC_KEY, or the app's EventGrid Data Sender role; {detail}"),
+            404 => format!("no topic at OUTBOX_TOPIC_ENDPOINT (404): {detail}"),
+            _ => format!("the topic answered {status}: {detail}"),
+        };
         // The topic judged the events (malformed, too large), not the
-        // request: one event alone so refused is refused for good; a batch
-        // so refused says nothing of each (`send_all` sends them singly).
-        let per_event = matches!(status, 400 | 413);
-        Err(Refusal {
-            per_event,
-            failure: SendFailure {
-                message: match status {
-                    401 | 403 => format!("the topic refused the credential ({status}): check OUTBOX_TOPIC_KEY, or the app's EventGrid Data Sender role; {detail}"),
-                    404 => format!("no topic at OUTBOX_TOPIC_ENDPOINT (404): {detail}"),
-                    _ => format!("the topic answered {status}: {detail}"),
-                },
-                refused: batch.len() == 1 && per_event,
-            },
-        })
-    }
-}
-
-/// A failed request, and whether the topic judged its events (400, 413)
-/// rather than the request (a key, the service).
-struct Refusal {
-    failure: SendFailure,
-    per_event: bool,
-}
-
-/// The ranges of `events` that each fit in one request of at most `limit`
-/// bytes as a JSON array (`[` + events joined by `,` + `]`), in order; an
-/// event too large alone is a range of its own (the topic refuses it).
-pub fn chunks(events: &[String], limit: usize) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut size = 2;
-    for (i, e) in events.iter().enumerate() {
-        let added = e.len() + usize::from(i > start);
-        if i > start && size + added > limit {
-            out.push(start..i);
-            start = i;
-            size = 2 + e.len();
+        // request: one event alone so refused is refused for good; a pack
+        // so refused says nothing of each (they are sent singly).
+        Err(if matches!(status, 400 | 413) {
+            Refusal::of_events(message, pack.len())
         } else {
-            size += added;
-        }
-    }
-    if start < events.len() {
-        out.push(start..events.len());
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn events(sizes: &[usize]) -> Vec<String> {
-        sizes.iter().map(|n| "x".repeat(*n)).collect()
-    }
-
-    #[test]
-    fn requests_are_packed_up_to_the_limit_in_order() {
-        // [a,b] = 2 + 3 + 1 + 3 = 9 bytes.
-        assert_eq!(chunks(&events(&[3, 3]), 9), vec![0..2]);
-        assert_eq!(chunks(&events(&[3, 3]), 8), vec![0..1, 1..2]);
-        assert_eq!(chunks(&events(&[3, 3, 3]), 13), vec![0..3]);
-        assert_eq!(chunks(&events(&[3, 3, 3]), 12), vec![0..2, 2..3]);
-        assert_eq!(chunks(&events(&[]), 10), Vec::<Range<usize>>::new());
-        // Too large alone: its own request, the rest unaffected.
-        assert_eq!(chunks(&events(&[2, 50, 2]), 10), vec![0..1, 1..2, 2..3]);
-        // Every request of a real round fits Event Grid's limit.
-        let round = events(&[700; 3000]);
-        for r in chunks(&round, MAX_REQUEST_BYTES) {
-            let body = format!("[{}]", round[r].join(","));
-            assert!(body.len() <= MAX_REQUEST_BYTES);
-        }
+            Refusal::of_request(message)
+        })
     }
 }

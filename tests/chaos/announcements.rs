@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::audit::Tables;
@@ -26,7 +27,8 @@ pub(crate) struct AnnouncementAudit {
 }
 
 /// Each executed order announced at least once, every copy with its id
-/// and the same bytes, nothing announced that did not execute.
+/// and the same bytes (whichever pack it came in), nothing announced that
+/// did not execute.
 pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> AnnouncementAudit {
     let mut a = AnnouncementAudit {
         messages: texts.len(),
@@ -38,16 +40,27 @@ pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> Announce
         .filter(|(_, row)| row.0 == "Executed")
         .map(|(id, row)| (order_guard::store::message_id(id), (id, row)))
         .collect();
-    let mut copies: BTreeMap<String, Vec<&String>> = BTreeMap::new();
-    for t in texts {
-        match serde_json::from_str::<Value>(t) {
-            Ok(e) => copies
-                .entry(e["id"].as_str().unwrap_or_default().to_string())
-                .or_default()
-                .push(t),
-            Err(e) => a
+    // Each message is a pack: a JSON array of events, each kept as its
+    // bytes, so that copies of one id sent in different packs compare.
+    let mut copies: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    let packs: Vec<Result<Vec<Box<RawValue>>, String>> = texts
+        .iter()
+        .map(|t| serde_json::from_str(t).map_err(|e| format!("{e}: {t:.200}")))
+        .collect();
+    for pack in &packs {
+        match pack {
+            Ok(events) => {
+                for e in events {
+                    let id = serde_json::from_str::<Value>(e.get())
+                        .ok()
+                        .and_then(|v| v["id"].as_str().map(str::to_string))
+                        .unwrap_or_default();
+                    copies.entry(id).or_default().push(e.get());
+                }
+            }
+            Err(why) => a
                 .findings
-                .push(format!("a message is not JSON ({e}): {t:.200}")),
+                .push(format!("a message is not a JSON array of events ({why})")),
         }
     }
     a.distinct = copies.len();
