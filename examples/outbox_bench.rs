@@ -28,11 +28,11 @@
 //!
 //! ```sh
 //! scripts/ensure-azurite.sh
-//! cargo run --release --example outbox_bench -- [ORDERS] [million|sqlserver]
+//! cargo run --release --example outbox_bench -- [ORDERS] [announcing|million|sqlserver]
 //! ```
 //!
-//! `million` runs the million-row phases alone, `sqlserver` SQL Server's
-//! alone; `BENCH_OUTBOX_PURGE_BATCH` sets the purge passes' batch
+//! `announcing` runs latency, throughput and cost alone, `million` the
+//! million-row phases alone, `sqlserver` SQL Server's alone; `BENCH_OUTBOX_PURGE_BATCH` sets the purge passes' batch
 //! (another than production's, to compare), and
 //! `BENCH_OUTBOX_FULL_MESSAGE_ID=1` puts SQLite's message id index back
 //! over every row after the fill (as earlier versions made it).
@@ -956,17 +956,21 @@ async fn run() -> anyhow::Result<()> {
         .transpose()
         .context("ORDERS must be a number")?
         .unwrap_or(2000);
-    // `outbox_bench ORDERS million`: the million-row phases alone;
-    // `outbox_bench ORDERS sqlserver`: SQL Server's alone.
+    // `outbox_bench ORDERS announcing`: latency, throughput and cost
+    // alone; `million`: the million-row phases alone; `sqlserver`: SQL
+    // Server's alone.
     let only = std::env::args().nth(2);
     if let Some(other) = only
         .as_deref()
-        .filter(|o| !["million", "sqlserver"].contains(o))
+        .filter(|o| !["announcing", "million", "sqlserver"].contains(o))
     {
-        bail!("unknown phase {other:?}: `million` or `sqlserver`, or nothing for every phase");
+        bail!("unknown phase {other:?}: `announcing`, `million` or `sqlserver`, or nothing for every phase");
     }
-    if only.is_none() {
+    if matches!(only.as_deref(), None | Some("announcing")) {
         announcing(n).await?;
+    }
+    if only.as_deref() == Some("announcing") {
+        return Ok(());
     }
     if only.as_deref() != Some("sqlserver") {
         million_sqlite(n, 1_000_000).await?;
