@@ -43,12 +43,8 @@ pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> Announce
     // Each message is a pack: a JSON array of events, each kept as its
     // bytes, so that copies of one id sent in different packs compare.
     let mut copies: BTreeMap<String, Vec<&str>> = BTreeMap::new();
-    let packs: Vec<Result<Vec<Box<RawValue>>, String>> = texts
-        .iter()
-        .map(|t| serde_json::from_str(t).map_err(|e| format!("{e}: {t:.200}")))
-        .collect();
-    for pack in &packs {
-        match pack {
+    for t in texts {
+        match serde_json::from_str::<Vec<&RawValue>>(t) {
             Ok(events) => {
                 for e in events {
                     let id = serde_json::from_str::<Value>(e.get())
@@ -58,9 +54,9 @@ pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> Announce
                     copies.entry(id).or_default().push(e.get());
                 }
             }
-            Err(why) => a
-                .findings
-                .push(format!("a message is not a JSON array of events ({why})")),
+            Err(e) => a.findings.push(format!(
+                "a message is not a JSON array of events ({e}): {t:.200}"
+            )),
         }
     }
     a.distinct = copies.len();
