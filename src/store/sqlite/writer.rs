@@ -20,6 +20,17 @@ pub const MAX_GROUP: usize = 64;
 /// inside any caller's deadline.
 pub const MAX_QUEUED: usize = 1024;
 
+/// Statements kept prepared on the writer's connection: the writer's own
+/// five and about twenty of the calls', with room to spare.
+const STATEMENT_CACHE: usize = 64;
+
+/// One of the writer's own statements (`BEGIN IMMEDIATE`, a savepoint, …),
+/// prepared once per connection: they run around every call, and parsed
+/// each time they cost the writer more CPU than some of the calls.
+fn run_cached(conn: &Connection, sql: &str) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 /// One call for the writer thread.
 pub(super) trait Call: Send {
     /// The caller stopped waiting: skip the call.
@@ -135,6 +146,9 @@ pub(super) fn writer(
 ) {
     // The connection is opened `FULL` (`SqliteStore::open`).
     let mut synchronous = Durability::Full;
+    // Room for every statement the calls cache and the writer's own: an
+    // evicted statement is parsed again on its next use.
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     while let Ok(first) = queue.recv() {
         let mut group = Vec::with_capacity(MAX_GROUP);
         let mut next = Some(first);
@@ -173,13 +187,16 @@ fn run_group(
     let switched = if wanted == *synchronous {
         Ok(())
     } else {
-        conn.execute_batch(match wanted {
-            Durability::Full => "PRAGMA synchronous = FULL",
-            Durability::Relaxed => "PRAGMA synchronous = NORMAL",
-        })
+        run_cached(
+            conn,
+            match wanted {
+                Durability::Full => "PRAGMA synchronous = FULL",
+                Durability::Relaxed => "PRAGMA synchronous = NORMAL",
+            },
+        )
         .map(|()| *synchronous = wanted)
     };
-    if let Err(e) = switched.and_then(|()| conn.execute_batch("BEGIN IMMEDIATE")) {
+    if let Err(e) = switched.and_then(|()| run_cached(conn, "BEGIN IMMEDIATE")) {
         let replies = group.into_iter().map(|job| job.run(None).1).collect();
         fail_all(replies, &classify(e));
         return;
@@ -196,7 +213,7 @@ fn run_group(
             pressure.skipped.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let step = match conn.execute_batch("SAVEPOINT job") {
+        let step = match run_cached(conn, "SAVEPOINT job") {
             Err(e) => {
                 // Not run: answered with the group's failure below.
                 replies.push(job.run(None).1);
@@ -216,12 +233,13 @@ fn run_group(
                         StoreError::Transient("SQLite rolled the transaction back".into())
                     }))
                 } else {
-                    conn.execute_batch(if failed.is_none() {
-                        "RELEASE job"
-                    } else {
-                        "ROLLBACK TO job; RELEASE job"
-                    })
-                    .map_err(classify)
+                    let undone = match failed {
+                        None => Ok(()),
+                        Some(_) => run_cached(conn, "ROLLBACK TO job"),
+                    };
+                    undone
+                        .and_then(|()| run_cached(conn, "RELEASE job"))
+                        .map_err(classify)
                 }
             }
         };
@@ -236,7 +254,7 @@ fn run_group(
     if !replies.is_empty() {
         pressure.commits.fetch_add(1, Ordering::Relaxed);
     }
-    match conn.execute_batch("COMMIT") {
+    match run_cached(conn, "COMMIT") {
         Ok(()) => {
             for r in replies {
                 r(None);
