@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use order_guard::order::Order;
-use order_guard::outbox::envelope::cloud_event;
+use order_guard::outbox::envelope::{cloud_event, to_text};
 use order_guard::outbox::queue::queue_sas;
 use order_guard::outbox::{
     Destination, DispatchSettings, Dispatcher, Encoding, Naming, QueueDestination, QueueSettings,
@@ -199,7 +199,7 @@ async fn a_dispatcher_killed_between_send_and_mark_repeats_only_that_id() {
     assert_eq!(claim.rows.len(), 1);
     let first = QueueDestination::new(queue_settings(&azurite, "order-executed"));
     first
-        .post(&[cloud_event(&Naming::default(), &claim.rows[0]).to_string()])
+        .post(&[to_text(&cloud_event(&Naming::default(), &claim.rows[0]))])
         .await
         .unwrap();
     // Another dispatcher: nothing to claim while the lease holds, the row

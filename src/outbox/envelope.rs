@@ -6,8 +6,14 @@
 //! structured mode), base64-encoded by default as a Functions Queue trigger
 //! expects. `id` is the row's message id: consumers deduplicate on it.
 //! Decimals travel as strings, exactly as stored.
+//!
+//! Typed, serialised straight to text (no `serde_json::Value` tree built
+//! and dropped per event, a dispatch cost on every announcement), with the
+//! fields declared in the byte order of their names: the order in which
+//! earlier versions, which built a `Value`, wrote them. A copy sent by this
+//! version and one sent by an earlier one carry the same bytes (tested).
 
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use crate::store::Announcement;
 
@@ -38,52 +44,100 @@ pub fn event_type(naming: &Naming, a: &Announcement) -> String {
 /// store's outbox: one position's orders execute one at a time (its row is
 /// locked), so within an account and symbol it grows with execution order,
 /// the order key a consumer needs (arrival order is not one).
-pub fn data(a: &Announcement) -> Value {
-    json!({
-        "sequence": a.seq,
-        "orderId": a.order_id,
-        "accountId": a.account_id,
-        "side": a.side,
-        "symbol": a.symbol,
-        "quantity": a.quantity.normalize().to_string(),
-        "positionAfter": a.position_after.to_string(),
-        "executedAt": a.executed_at,
-        "fingerprint": a.fingerprint,
-    })
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Data<'a> {
+    account_id: &'a str,
+    executed_at: &'a str,
+    fingerprint: &'a str,
+    order_id: &'a str,
+    position_after: String,
+    quantity: String,
+    sequence: i64,
+    side: &'a str,
+    symbol: &'a str,
+}
+
+pub fn data(a: &Announcement) -> Data<'_> {
+    Data {
+        account_id: &a.account_id,
+        executed_at: &a.executed_at,
+        fingerprint: &a.fingerprint,
+        order_id: &a.order_id,
+        position_after: a.position_after.to_string(),
+        quantity: a.quantity.normalize().to_string(),
+        sequence: a.seq,
+        side: &a.side,
+        symbol: &a.symbol,
+    }
 }
 
 /// The row as a CloudEvents 1.0 event (JSON, structured mode).
-pub fn cloud_event(naming: &Naming, a: &Announcement) -> Value {
-    json!({
-        "specversion": "1.0",
-        "id": a.message_id,
-        "source": naming.source,
-        "type": event_type(naming, a),
-        "subject": format!("orders/{}", a.order_id),
-        "time": a.executed_at,
-        "datacontenttype": "application/json",
-        "data": data(a),
-    })
+#[derive(Debug, Serialize)]
+pub struct CloudEvent<'a> {
+    data: Data<'a>,
+    datacontenttype: &'static str,
+    id: &'a str,
+    source: &'a str,
+    specversion: &'static str,
+    subject: String,
+    time: &'a str,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+pub fn cloud_event<'a>(naming: &'a Naming, a: &'a Announcement) -> CloudEvent<'a> {
+    CloudEvent {
+        data: data(a),
+        datacontenttype: "application/json",
+        id: &a.message_id,
+        source: &naming.source,
+        specversion: "1.0",
+        subject: format!("orders/{}", a.order_id),
+        time: &a.executed_at,
+        kind: event_type(naming, a),
+    }
 }
 
 /// The row as an Event Grid schema event (a topic created with the Event
 /// Grid input schema).
-pub fn event_grid_event(naming: &Naming, a: &Announcement) -> Value {
-    json!({
-        "id": a.message_id,
-        "subject": format!("orders/{}", a.order_id),
-        "eventType": event_type(naming, a),
-        "eventTime": a.executed_at,
-        "data": data(a),
-        "dataVersion": "1.0",
-    })
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventGridEvent<'a> {
+    data: Data<'a>,
+    data_version: &'static str,
+    event_time: &'a str,
+    event_type: String,
+    id: &'a str,
+    subject: String,
+}
+
+pub fn event_grid_event<'a>(naming: &'a Naming, a: &'a Announcement) -> EventGridEvent<'a> {
+    EventGridEvent {
+        data: data(a),
+        data_version: "1.0",
+        event_time: &a.executed_at,
+        event_type: event_type(naming, a),
+        id: &a.message_id,
+        subject: format!("orders/{}", a.order_id),
+    }
+}
+
+/// An event's text. Strings and integers only: serialising cannot fail.
+pub fn to_text(event: &impl Serialize) -> String {
+    serde_json::to_string(event).expect("an event of strings and integers serialises")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use rust_decimal::Decimal;
+    use serde_json::{json, Value};
     use std::str::FromStr;
+
+    fn value(event: &impl Serialize) -> Value {
+        serde_json::to_value(event).unwrap()
+    }
 
     fn row() -> Announcement {
         Announcement {
@@ -107,7 +161,7 @@ mod tests {
 
     #[test]
     fn the_event_is_the_rows_facts_and_nothing_of_its_dispatch() {
-        let e = cloud_event(&Naming::default(), &row());
+        let e = value(&cloud_event(&Naming::default(), &row()));
         assert_eq!(
             e,
             json!({
@@ -131,15 +185,15 @@ mod tests {
         later.attempts = 9;
         later.last_error = None;
         assert_eq!(
-            cloud_event(&Naming::default(), &later).to_string(),
-            e.to_string()
+            to_text(&cloud_event(&Naming::default(), &later)),
+            to_text(&cloud_event(&Naming::default(), &row()))
         );
     }
 
     #[test]
     fn the_event_grid_form_carries_the_same_facts() {
-        let e = event_grid_event(&Naming::default(), &row());
-        let c = cloud_event(&Naming::default(), &row());
+        let e = value(&event_grid_event(&Naming::default(), &row()));
+        let c = value(&cloud_event(&Naming::default(), &row()));
         assert_eq!(e["id"], c["id"]);
         assert_eq!(e["eventType"], c["type"]);
         assert_eq!(e["subject"], c["subject"]);
@@ -155,8 +209,75 @@ mod tests {
             type_prefix: "Contoso.Trading".into(),
             source: "/contoso/orders".into(),
         };
-        let e = cloud_event(&naming, &row());
+        let e = value(&cloud_event(&naming, &row()));
         assert_eq!(e["type"], "Contoso.Trading.OrderExecuted");
         assert_eq!(e["source"], "/contoso/orders");
+    }
+
+    /// What versions before the typed events sent: a `json!` `Value`,
+    /// its keys in byte order. The typed events must give the same bytes,
+    /// so a copy sent by either version is the same message.
+    fn earlier_cloud_event(naming: &Naming, a: &Announcement) -> String {
+        json!({
+            "specversion": "1.0",
+            "id": a.message_id,
+            "source": naming.source,
+            "type": event_type(naming, a),
+            "subject": format!("orders/{}", a.order_id),
+            "time": a.executed_at,
+            "datacontenttype": "application/json",
+            "data": earlier_data(a),
+        })
+        .to_string()
+    }
+
+    fn earlier_event_grid_event(naming: &Naming, a: &Announcement) -> String {
+        json!({
+            "id": a.message_id,
+            "subject": format!("orders/{}", a.order_id),
+            "eventType": event_type(naming, a),
+            "eventTime": a.executed_at,
+            "data": earlier_data(a),
+            "dataVersion": "1.0",
+        })
+        .to_string()
+    }
+
+    fn earlier_data(a: &Announcement) -> Value {
+        json!({
+            "sequence": a.seq,
+            "orderId": a.order_id,
+            "accountId": a.account_id,
+            "side": a.side,
+            "symbol": a.symbol,
+            "quantity": a.quantity.normalize().to_string(),
+            "positionAfter": a.position_after.to_string(),
+            "executedAt": a.executed_at,
+            "fingerprint": a.fingerprint,
+        })
+    }
+
+    #[test]
+    fn the_bytes_are_those_earlier_versions_sent() {
+        let mut odd = row();
+        // Text that JSON escapes, and text it does not.
+        odd.order_id = "ORD \"1\"\\\n\u{1}é😀".into();
+        odd.account_id = "</script>".into();
+        odd.seq = i64::MAX;
+        odd.quantity = Decimal::from_str("0.0000000001").unwrap();
+        let naming = Naming {
+            type_prefix: "Contoso \"Trading\"".into(),
+            source: "/a/b?c=d".into(),
+        };
+        for (naming, a) in [(Naming::default(), row()), (naming, odd)] {
+            assert_eq!(
+                to_text(&cloud_event(&naming, &a)),
+                earlier_cloud_event(&naming, &a)
+            );
+            assert_eq!(
+                to_text(&event_grid_event(&naming, &a)),
+                earlier_event_grid_event(&naming, &a)
+            );
+        }
     }
 }
