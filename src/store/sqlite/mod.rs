@@ -371,7 +371,6 @@ impl OrderStore for SqliteStore {
         // position and the status change commit together, in the writer's
         // group commit (one durable commit for the whole group).
         self.with(move |conn| {
-            let conn = &*conn;
             match read_order(conn, &o.order_id)? {
                 None => {
                     // Cached statements: parsed once per connection, not per call.

@@ -21,12 +21,13 @@ pub const MAX_GROUP: usize = 64;
 pub const MAX_QUEUED: usize = 1024;
 
 /// Statements kept prepared on the writer's connection: the writer's own
-/// five and about twenty of the calls', with room to spare.
+/// seven and about twenty of the calls', with room to spare.
 const STATEMENT_CACHE: usize = 64;
 
 /// One of the writer's own statements (`BEGIN IMMEDIATE`, a savepoint, …),
-/// prepared once per connection: they run around every call, and parsed
-/// each time they cost the writer more CPU than some of the calls.
+/// prepared once per connection: they run around every call, and parsing
+/// them each time was part of what `docs/benchmarks.md` ("Statements
+/// parsed once") measured.
 fn run_cached(conn: &Connection, sql: &str) -> Result<(), rusqlite::Error> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
