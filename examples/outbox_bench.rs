@@ -29,8 +29,11 @@
 //! ```sh
 //! scripts/ensure-azurite.sh
 //! cargo run --release --example outbox_bench -- [ORDERS] [announcing|million|sqlserver]
+//! valgrind --tool=callgrind target/release/examples/outbox_bench ORDERS path off|claim|born [K]
 //! ```
 //!
+//! `path off|claim|born` runs `ORDERS` first deliveries and their dispatch
+//! in rounds, nothing on a clock, for an instruction count ([`path`]).
 //! `announcing` runs latency, throughput and cost alone, `million` the
 //! million-row phases alone, `sqlserver` SQL Server's alone; `BENCH_OUTBOX_PURGE_BATCH` sets the purge passes' batch
 //! (another than production's, to compare), and
@@ -309,7 +312,7 @@ async fn setup(destination: Option<Destination>) -> anyhow::Result<Setup> {
         ))
     });
     if let Some(d) = &dispatcher {
-        tokio::spawn(Arc::clone(d).run());
+        d.spawn();
     }
     let guard = Arc::new(MemoryGuard::new(GuardSettings::default()));
     let processor = Arc::new(
@@ -960,11 +963,21 @@ async fn run() -> anyhow::Result<()> {
     // alone; `million`: the million-row phases alone; `sqlserver`: SQL
     // Server's alone.
     let only = std::env::args().nth(2);
+    if only.as_deref() == Some("path") {
+        let mode = std::env::args().nth(3).unwrap_or_else(|| "born".into());
+        let k = std::env::args()
+            .nth(4)
+            .map(|c| c.parse())
+            .transpose()
+            .context("K must be a number")?
+            .unwrap_or(64);
+        return path(n, &mode, k).await;
+    }
     if let Some(other) = only
         .as_deref()
         .filter(|o| !["announcing", "million", "sqlserver"].contains(o))
     {
-        bail!("unknown phase {other:?}: `announcing`, `million` or `sqlserver`, or nothing for every phase");
+        bail!("unknown phase {other:?}: `announcing`, `million`, `sqlserver` or `path off|claim|born`, or nothing for every phase");
     }
     if matches!(only.as_deref(), None | Some("announcing")) {
         announcing(n).await?;
@@ -989,6 +1002,53 @@ async fn run() -> anyhow::Result<()> {
             "outbox on SQL Server: NOT RUN (ORDER_GUARD_TEST_MSSQL is not set; scripts/bench.sh sets it when the T-SQL engine is there)"
         ),
     }
+    Ok(())
+}
+
+/// `outbox_bench N path off|claim|born [K]`: `N` first deliveries, one at
+/// a time, and after every `K` (64) of them one dispatch round to Azurite's
+/// queue: none (`off`), a claim's (`claim`: claim, send, mark, as every
+/// round was before rows were born leased, and as SQL Server's are), or the
+/// round of rows born leased (`born`: send, mark). Nothing waits on a
+/// clock, so `valgrind --tool=callgrind` counts the same instructions for
+/// the same work whatever the machine does: the slope between two `N` is
+/// a first delivery's CPU, with the dispatch of its announcement in rounds
+/// of `K`, or without.
+async fn path(n: usize, mode: &str, k: usize) -> anyhow::Result<()> {
+    let queue = QueueService::start()?;
+    queue.create_queue("path").await?;
+    let s = setup(None).await?;
+    let dispatcher = Dispatcher::new(
+        Arc::clone(&s.store) as Arc<dyn OrderStore>,
+        Destination::Queue(QueueDestination::new(queue.settings("path")?)),
+        DispatchSettings::default(),
+    );
+    let handoff = match mode {
+        "off" | "claim" => None,
+        "born" => Some(
+            s.store
+                .hand_over_announcements(DispatchSettings::default().lease)
+                .context("SQLite hands its rows over")?,
+        ),
+        other => bail!("unknown path mode {other:?}: off, claim or born"),
+    };
+    let mut sent = 0;
+    let mut done = 0;
+    while done < n {
+        let batch = k.min(n - done);
+        first_deliveries(&s.processor, batch, 1).await?;
+        done += batch;
+        let round = match (mode, &handoff) {
+            ("off", _) => continue,
+            (_, Some(h)) => dispatcher.send_born(h).await?,
+            (_, None) => dispatcher.round().await?,
+        };
+        sent += round.sent;
+    }
+    if mode != "off" && sent != n {
+        bail!("{sent} of {n} announcements sent");
+    }
+    println!("path: {n} first deliveries, dispatch {mode} in rounds of {k}: {sent} sent");
     Ok(())
 }
 

@@ -345,6 +345,23 @@ async fn serve_announces_what_it_executes_and_nothing_else() {
     want.sort();
     assert_eq!(by_id(&got).keys().cloned().collect::<Vec<_>>(), want);
     assert!(log_text().contains("outbox: dispatching to the Storage Queue executions"));
+    // Sent from memory, with no claim: each row still holds the lease it
+    // was born with (a claim writes a token of its own), and is marked.
+    let conn = rusqlite::Connection::open(dir.path().join("orders.db")).unwrap();
+    let tokens: Vec<(String, bool)> = conn
+        .prepare("SELECT ClaimToken, DispatchedAt IS NOT NULL FROM Outbox ORDER BY Seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(tokens.len(), 3, "{tokens:?}");
+    assert!(
+        tokens
+            .iter()
+            .all(|(t, sent)| *sent && t.starts_with("born-") && *t == tokens[0].0),
+        "{tokens:?}"
+    );
     // Nothing waits; the CLI says so.
     let out = std::process::Command::new(common::handler_binary())
         .args(["outbox", "list"])

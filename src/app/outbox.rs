@@ -31,7 +31,9 @@ pub fn start_dispatcher(
         config.outbox.dispatch.clone(),
     ));
     log::info!("outbox: dispatching to the {}", dispatcher.describe());
-    tokio::spawn(Arc::clone(&dispatcher).run());
+    // Spawned with its rows born leased to it from now on: every order
+    // this process executes is sent from memory, with no claim.
+    dispatcher.spawn();
     Ok(Some(dispatcher))
 }
 

@@ -2,21 +2,25 @@
 //!
 //! One task per instance. It wakes when this instance executes an order
 //! (the processor's [`Announcer`], off the reply's path: the answer to
-//! Event Grid never waits for the queue), lingers a few milliseconds so
-//! that one claim covers the executions that follow, and wakes every
-//! `poll` in any case, so
-//! rows left by an instance that died between its commit and its send are
-//! picked up by another (and at start-up, the first round runs at once).
-//! A round claims due rows under a lease (the store's claim: one
-//! dispatcher per row at a time, across instances), sends them a few at a
-//! time, marks the sent ones in one call and defers each failed one with
-//! back-off ([`retry_in`]); a row the destination refuses for good (too
-//! large) is parked for an operator (`order-guard outbox retry`), and the
-//! rows behind it go on. A failure that is the destination's state (down,
-//! slow, a missing queue or right, a 5xx) never parks: the rows wait, their
-//! back-off capped at 5 min, and go when it is fixed. A round ends its sends
-//! by half its lease: rows it did not get to are deferred, not sent late
-//! under a lease another dispatcher may hold by then.
+//! Event Grid never waits for the queue) and lingers a few milliseconds so
+//! that one round covers the executions that follow. Those rows were born
+//! leased to it (the store's [`Handoff`], where it has one: SQLite) and
+//! handed over once committed: the round sends them as they are, with no
+//! claim. A claim runs at start-up and then every `poll`, for every other
+//! row that is due: rows left by an instance that died between its commit
+//! and its send, rows a command executed, deferred rows come due, and
+//! births too old to send within their lease (where the store hands
+//! nothing over, every wake claims). A claim leases due rows (one
+//! dispatcher per row at a time, across instances: the lease column, not
+//! this memory). A round sends a few packs at a time, marks the sent rows
+//! in one call and defers each failed one with back-off ([`retry_in`]); a
+//! row the destination refuses for good (too large) is parked for an
+//! operator (`order-guard outbox retry`), and the rows behind it go on. A
+//! failure that is the destination's state (down, slow, a missing queue or
+//! right, a 5xx) never parks: the rows wait, their back-off capped at
+//! 5 min, and go when it is fixed. A round ends its sends by half its
+//! rows' lease: rows it did not get to are deferred, not sent late under a
+//! lease another dispatcher may hold by then.
 //! A dispatcher killed between a send and its mark leaves the row leased:
 //! when the lease ends it is sent again, with the same id and payload;
 //! consumers deduplicate on the id.
@@ -36,7 +40,7 @@ use tokio::sync::Notify;
 
 use super::destination::{Destination, SendFailure};
 use super::envelope::Naming;
-use crate::store::{Announcement, Deferral, OrderStore, StoreError};
+use crate::store::{sendable, Announcement, Deferral, Handoff, OrderStore, StoreError};
 
 /// How the dispatcher runs (built by `config`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,6 +156,7 @@ pub struct DispatchCounts {
 /// One round's result.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Round {
+    /// Rows the round held: claimed, or born leased to this dispatcher.
     pub claimed: usize,
     pub sent: usize,
     pub failed: usize,
@@ -203,19 +208,39 @@ impl Dispatcher {
     pub async fn round(&self) -> Result<Round, StoreError> {
         let s = &self.settings;
         let claim = self.store.claim_announcements(s.batch, s.lease).await?;
+        self.send(claim.rows, &claim.token, s.lease / 2).await
+    }
+
+    /// The rows this process executed, born leased to it ([`Handoff`]):
+    /// sent as they are, with no claim; those too old to send within their
+    /// lease ([`sendable`]) are left for a claim once it ends.
+    pub async fn send_born(&self, handoff: &Handoff) -> Result<Round, StoreError> {
+        let (rows, within) = sendable(handoff.take(), Instant::now(), handoff.lease);
+        self.send(rows, &handoff.token, within).await
+    }
+
+    /// Send `rows`, held under `token`'s lease, within `within`; mark the
+    /// sent in one call, defer each failed one.
+    async fn send(
+        &self,
+        rows: Vec<Announcement>,
+        token: &str,
+        within: Duration,
+    ) -> Result<Round, StoreError> {
+        let s = &self.settings;
         let mut round = Round {
-            claimed: claim.rows.len(),
+            claimed: rows.len(),
             ..Round::default()
         };
-        if claim.rows.is_empty() {
+        if rows.is_empty() {
             return Ok(round);
         }
         let answers = self
             .destination
-            .send_all(&s.naming, &claim.rows, s.in_flight, s.lease / 2)
+            .send_all(&s.naming, &rows, s.in_flight, within)
             .await;
         let results: Vec<(Announcement, Result<(), SendFailure>)> =
-            claim.rows.into_iter().zip(answers).collect();
+            rows.into_iter().zip(answers).collect();
         // Sent, not marked yet: a dispatcher killed here (tests: `crash`)
         // leaves its rows leased, sent again when the lease ends.
         fail::fail_point!(crate::faults::OUTBOX_AFTER_SEND, |arg| Err(
@@ -254,7 +279,7 @@ impl Dispatcher {
                     row.message_id
                 );
             }
-            self.store.defer_announcement(&claim.token, &d).await?;
+            self.store.defer_announcement(token, &d).await?;
         }
         if let Some((row, failure)) = failed.first() {
             log::warn!(
@@ -306,25 +331,53 @@ impl Dispatcher {
         }
     }
 
-    /// The dispatcher's life: a round at once, then on every wake and
-    /// every `poll`; the retention hourly, on a task of its own (a purge of
-    /// a busy day's rows takes seconds, and the announcements of those
-    /// seconds must not wait behind it). Store failures are logged and
-    /// waited out (the rows stay; nothing is lost).
+    /// Start [`Self::run`] on a task of its own. The rows this process
+    /// executes from the moment this returns are born leased to it.
+    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let _ = self.store.hand_over_announcements(self.settings.lease);
+        tokio::spawn(Arc::clone(self).run())
+    }
+
+    /// The dispatcher's life. The rows this process executes from now on
+    /// are born leased to it ([`Handoff`], where the store can): each wake
+    /// sends them, with no claim. A claim runs at once, then every `poll`
+    /// (on every wake too where the store hands nothing over), for the
+    /// rest: rows left by an instance that died or written by a command,
+    /// deferred rows come due, births too old to send from memory. The
+    /// retention runs hourly, on a task of its own (a purge of a busy
+    /// day's rows takes seconds, and the announcements of those seconds
+    /// must not wait behind it). Store failures are logged and waited out
+    /// (the rows stay; nothing is lost).
     pub async fn run(self: Arc<Self>) {
         // Ends with this loop (dropped with it), and started again if it
         // ever ends by itself (a panic): the retention never stops unseen.
         let mut retention = Retention(tokio::spawn(Arc::clone(&self).retain()));
+        let handoff = self.store.hand_over_announcements(self.settings.lease);
         let wake = Arc::clone(&self.announcer.0);
         // A store that cannot be used (down, or its schema not verified
         // yet) is said once, and its return once, not every poll.
         let mut failing = false;
+        let mut next_claim = tokio::time::Instant::now();
         loop {
             if retention.0.is_finished() {
                 log::error!("outbox: the retention task ended unexpectedly; started again");
                 retention = Retention(tokio::spawn(Arc::clone(&self).retain()));
             }
-            match self.drain().await {
+            let claim = handoff.is_none() || tokio::time::Instant::now() >= next_claim;
+            if claim {
+                next_claim = tokio::time::Instant::now() + self.settings.poll;
+            }
+            let result = async {
+                if let Some(h) = &handoff {
+                    self.send_born(h).await?;
+                }
+                if claim {
+                    self.drain().await?;
+                }
+                Ok::<_, StoreError>(())
+            }
+            .await;
+            match result {
                 Err(e) if !failing => {
                     failing = true;
                     log::warn!(
@@ -333,17 +386,17 @@ impl Dispatcher {
                     );
                 }
                 Err(e) => log::debug!("outbox: dispatch round failed again ({e})"),
-                Ok(_) if failing => {
+                Ok(()) if failing => {
                     failing = false;
                     log::info!("outbox: dispatch rounds work again");
                 }
-                Ok(_) => {}
+                Ok(()) => {}
             }
             tokio::select! {
                 // Batching, not synchronisation: the orders executed in the
                 // next few milliseconds share this round.
                 () = wake.notified() => tokio::time::sleep(self.settings.linger).await,
-                () = tokio::time::sleep(self.settings.poll) => {}
+                () = tokio::time::sleep_until(next_claim) => {}
             }
         }
     }

@@ -10,7 +10,9 @@
 //! a lease, sends them, and marks them dispatched; dispatched rows are
 //! deleted after a retention.
 
-use std::time::Duration;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use rust_decimal::Decimal;
 
@@ -75,6 +77,95 @@ pub struct Claim {
     pub rows: Vec<Announcement>,
 }
 
+/// Announcements handed from a store's `execute` to its process's
+/// dispatcher (`OrderStore::hand_over_announcements`): each row is written
+/// already leased to [`Handoff::token`] for [`Handoff::lease`], in the
+/// transaction that executes its order, and handed over here once that
+/// transaction has committed. The dispatcher sends it as it is, with no
+/// claim: on SQLite a claim was the costliest of the outbox's writes (it
+/// rewrites every row, and its statement is prepared again on every call),
+/// and one claim and one mark a round were most of what dispatch added to
+/// first deliveries (docs/benchmarks.md, "Born leased").
+///
+/// Nothing here is needed for correctness: a row never handed over (the
+/// caller gone before it, the hand-off full, the process dead) or taken too
+/// late to send within its lease is claimed like any other once its lease
+/// ends. The lease column, not this memory, keeps one dispatcher per row.
+#[derive(Debug)]
+pub struct Handoff {
+    /// Written on every row born here (`ClaimToken`): a deferral names it.
+    pub token: String,
+    /// How long a row is born leased.
+    pub lease: Duration,
+    born: Mutex<VecDeque<Birth>>,
+}
+
+/// A row handed over, and when its lease ends by this process's clock (an
+/// instant taken before the row was written, so it ends no later than the
+/// lease the row holds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Birth {
+    pub row: Announcement,
+    pub leased_until: Instant,
+}
+
+impl Handoff {
+    /// Rows held at most; past it a row is not handed over and waits for
+    /// its lease to end (a dispatcher that far behind is failing to send).
+    pub const CAPACITY: usize = 16_384;
+
+    pub fn new(lease: Duration) -> Handoff {
+        Handoff {
+            token: format!("born-{}", uuid::Uuid::new_v4()),
+            lease,
+            born: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// A committed row, for the dispatcher; `false` when full (the row then
+    /// waits for its lease to end).
+    pub fn hand(&self, birth: Birth) -> bool {
+        let mut born = self.born.lock().unwrap_or_else(|e| e.into_inner());
+        if born.len() >= Self::CAPACITY {
+            return false;
+        }
+        born.push_back(birth);
+        true
+    }
+
+    /// Every row handed over so far, oldest first.
+    pub fn take(&self) -> Vec<Birth> {
+        let mut born = self.born.lock().unwrap_or_else(|e| e.into_inner());
+        born.drain(..).collect()
+    }
+}
+
+/// Which of `births` to send from memory at `now`, and by when the sends
+/// must end: a row whose lease has at least half of it left past the
+/// send window; the window ends at half the lease of the oldest sent (as
+/// a claimed round stops at half its lease), and is at least a quarter of
+/// the lease. The others are left to a claim once their lease ends. Pure.
+pub fn sendable(
+    births: Vec<Birth>,
+    now: Instant,
+    lease: Duration,
+) -> (Vec<Announcement>, Duration) {
+    let mut window = lease / 2;
+    let mut rows = Vec::with_capacity(births.len());
+    for birth in births {
+        // The send must end while at least half the lease is left.
+        let left = birth
+            .leased_until
+            .saturating_duration_since(now)
+            .saturating_sub(lease / 2);
+        if left >= lease / 4 && !left.is_zero() {
+            window = window.min(left);
+            rows.push(birth.row);
+        }
+    }
+    (rows, window)
+}
+
 /// What happens to a row whose send failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Deferral {
@@ -115,6 +206,93 @@ mod tests {
     /// `message_id("ORD-1")`, as Python's `uuid.uuid5` computes it: it must
     /// never change.
     const PINNED_ORD_1: &str = "eec40ef8-f4e4-53b0-b4e0-bffbccde185c";
+
+    fn row(order_id: &str) -> Announcement {
+        Announcement {
+            message_id: message_id(order_id),
+            seq: 1,
+            kind: ORDER_EXECUTED.into(),
+            order_id: order_id.into(),
+            account_id: "a".into(),
+            side: "buy".into(),
+            symbol: "s".into(),
+            quantity: Decimal::ONE,
+            position_after: Position::ZERO,
+            executed_at: "t".into(),
+            fingerprint: "f".into(),
+            attempts: 0,
+            last_error: None,
+            parked: false,
+            dispatched_at: None,
+        }
+    }
+
+    /// Sent from memory: rows with at least three quarters of their lease
+    /// left; the sends end while half of the oldest one's is left.
+    #[test]
+    fn births_are_sent_from_memory_only_while_their_lease_leaves_time() {
+        let now = Instant::now();
+        let lease = Duration::from_secs(40);
+        let birth = |id: &str, left: u64| Birth {
+            row: row(id),
+            leased_until: now + Duration::from_secs(left),
+        };
+        let (rows, window) = sendable(
+            vec![birth("fresh", 40), birth("older", 35), birth("stale", 29)],
+            now,
+            lease,
+        );
+        let ids: Vec<&str> = rows.iter().map(|r| r.order_id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["fresh", "older"],
+            "in their order; the stale one left"
+        );
+        assert_eq!(
+            window,
+            Duration::from_secs(15),
+            "35 s left, less half the lease"
+        );
+        let (rows, window) = sendable(vec![birth("fresh", 40)], now, lease);
+        assert_eq!((rows.len(), window), (1, Duration::from_secs(20)));
+        // A lease of 30 s (the default): a quarter is the least window.
+        let (rows, window) = sendable(
+            vec![birth("edge", 23)],
+            now + Duration::from_millis(500),
+            Duration::from_secs(30),
+        );
+        assert_eq!((rows.len(), window), (1, Duration::from_millis(7_500)));
+        let (rows, _) = sendable(
+            vec![birth("gone", 23)],
+            now + Duration::from_millis(501),
+            Duration::from_secs(30),
+        );
+        assert!(rows.is_empty());
+        // Past its lease, or none at all: left to a claim.
+        let (rows, window) = sendable(vec![birth("past", 0)], now + lease, lease);
+        assert!(rows.is_empty());
+        assert_eq!(window, lease / 2);
+        assert!(sendable(vec![birth("zero", 0)], now, Duration::ZERO)
+            .0
+            .is_empty());
+    }
+
+    #[test]
+    fn a_full_hand_off_refuses_a_row_and_take_empties_it() {
+        let h = Handoff::new(Duration::from_secs(30));
+        assert!(h.token.starts_with("born-"));
+        let birth = Birth {
+            row: row("o"),
+            leased_until: Instant::now(),
+        };
+        for _ in 0..Handoff::CAPACITY {
+            assert!(h.hand(birth.clone()));
+        }
+        assert!(!h.hand(birth.clone()), "full: the row waits for its lease");
+        assert_eq!(h.take().len(), Handoff::CAPACITY);
+        assert!(h.take().is_empty());
+        assert!(h.hand(birth));
+    }
 
     #[test]
     fn the_message_id_is_a_function_of_the_order_id_alone() {

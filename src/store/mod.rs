@@ -28,6 +28,7 @@ use rust_decimal::Decimal;
 use sha2::{Digest, Sha256};
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::order::{
@@ -37,7 +38,8 @@ use crate::order::{
 use crate::position::{Overflow, Position};
 
 pub use self::announcement::{
-    message_id, Announcement, Claim, Deferral, Listing, OutboxCounts, ORDER_EXECUTED,
+    message_id, sendable, Announcement, Birth, Claim, Deferral, Handoff, Listing, OutboxCounts,
+    ORDER_EXECUTED,
 };
 pub use self::sqlite::{
     Pressure, SqliteStore, MAX_GROUP as SQLITE_MAX_GROUP, MAX_QUEUED as SQLITE_MAX_QUEUED,
@@ -333,6 +335,17 @@ pub trait OrderStore: Send + Sync {
 
     /// Rejected events stored for an order id (`None`: those without an id).
     async fn rejections(&self, order_id: Option<&str>) -> Result<Vec<RejectedRecord>, StoreError>;
+
+    /// From now on the rows `execute` writes are born leased for `lease` to
+    /// this process's dispatcher and handed to it once committed
+    /// ([`Handoff`]), so it sends them without claiming. `None`: this store
+    /// does not (its rows are claimed). The dispatcher that runs in this
+    /// process calls it once, as it starts; a second call answers the same
+    /// hand-off.
+    fn hand_over_announcements(&self, lease: Duration) -> Option<Arc<Handoff>> {
+        let _ = lease;
+        None
+    }
 
     /// The outbox: claim up to `limit` announcements due for dispatch
     /// (not dispatched, not parked, past their retry time, no live lease),

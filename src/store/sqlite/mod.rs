@@ -26,8 +26,8 @@
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
@@ -41,8 +41,8 @@ use writer::{writer, Durability, Job, Pending, PressureCounters};
 pub use writer::{Pressure, MAX_GROUP, MAX_QUEUED};
 
 use super::{
-    Announcement, Claim, Deferral, Execution, Listing, OrderRecord, OrderStore, OutboxCounts,
-    RejectedRecord, Rejection, StoreError, StoreLoad,
+    Announcement, Birth, Claim, Deferral, Execution, Handoff, Listing, OrderRecord, OrderStore,
+    OutboxCounts, RejectedRecord, Rejection, StoreError, StoreLoad,
 };
 use crate::order::{Order, OrderStatus};
 use crate::position::Position;
@@ -58,6 +58,9 @@ pub struct SqliteStore {
     /// The file and the busy timeout, for [`Self::read`]'s connections.
     path: std::path::PathBuf,
     busy_timeout: Duration,
+    /// Set once this process's dispatcher runs: executions' rows are born
+    /// leased to it and handed over after their commit.
+    handoff: OnceLock<Arc<Handoff>>,
 }
 
 /// What a copy of the file cannot share with the original: its full path,
@@ -165,6 +168,7 @@ impl SqliteStore {
             place,
             path: path.to_path_buf(),
             busy_timeout,
+            handoff: OnceLock::new(),
         })
     }
 
@@ -366,11 +370,14 @@ impl OrderStore for SqliteStore {
     ) -> Result<Execution, StoreError> {
         let o = order.clone();
         let (event_id, raw_event) = (event_id.to_string(), raw_event.to_string());
+        let handoff = self.handoff.get().cloned();
+        let born = handoff.as_ref().map(|h| (h.token.clone(), h.lease));
         // One call, one savepoint (the writer's own, around every call: an
         // error rolls back all of it): the insert (or the row found), the
         // position and the status change commit together, in the writer's
         // group commit (one durable commit for the whole group).
-        self.with(move |conn| {
+        let (execution, birth) = self
+            .with(move |conn| {
             match read_order(conn, &o.order_id)? {
                 None => {
                     // Cached statements: parsed once per connection, not per call.
@@ -396,12 +403,17 @@ impl OrderStore for SqliteStore {
                     let conflict =
                         Rejection::conflict(&o, &event_id, &raw_event, &existing.fingerprint);
                     insert_rejection(conn, &conflict)?;
-                    return Ok(Execution::Conflict {
-                        existing_fingerprint: existing.fingerprint,
-                    });
+                    return Ok((
+                        Execution::Conflict {
+                            existing_fingerprint: existing.fingerprint,
+                        },
+                        None,
+                    ));
                 }
                 // A duplicate: nothing written.
-                Some(existing) if existing.status.is_terminal() => return Ok(Execution::AlreadyDone),
+                Some(existing) if existing.status.is_terminal() => {
+                    return Ok((Execution::AlreadyDone, None))
+                }
                 Some(_) => {
                     // Left `Received` by an earlier version's worker that died.
                     conn.execute(
@@ -441,7 +453,7 @@ impl OrderStore for SqliteStore {
                     let rejection =
                         Rejection::position_overflow(&o, &event_id, &raw_event, &overflow);
                     insert_rejection(conn, &rejection)?;
-                    return Ok(Execution::Rejected(overflow));
+                    return Ok((Execution::Rejected(overflow), None));
                 }
             };
             let changed = conn
@@ -463,11 +475,22 @@ impl OrderStore for SqliteStore {
                  DO UPDATE SET Quantity = excluded.Quantity, UpdatedAt = excluded.UpdatedAt"
             ))?
             .execute(params![o.account_id, o.symbol, next.to_string()])?;
-            // The announcement, in the same commit as the execution.
-            outbox::announce(conn, &o, next)?;
-            Ok(Execution::Executed)
+            // The announcement, in the same commit as the execution; born
+            // leased to this process's dispatcher when it runs, its lease
+            // timed from before the row is written (so it ends no later
+            // here than in the row).
+            let leased_until = born.as_ref().map(|(_, lease)| Instant::now() + *lease);
+            let row = outbox::announce(conn, &o, next, born.as_ref().map(|(t, l)| (t.as_str(), *l)))?;
+            let birth = row.zip(leased_until).map(|(row, leased_until)| Birth { row, leased_until });
+            Ok((Execution::Executed, birth))
         })
-        .await
+        .await?;
+        // Committed: the dispatcher may send it now (never before: a group
+        // whose commit fails answers an error, and hands nothing over).
+        if let (Some(h), Some(birth)) = (&handoff, birth) {
+            h.hand(birth);
+        }
+        Ok(execution)
     }
 
     async fn reject(&self, rejection: &Rejection) -> Result<(), StoreError> {
@@ -520,6 +543,12 @@ impl OrderStore for SqliteStore {
             rows.collect()
         })
         .await
+    }
+
+    fn hand_over_announcements(&self, lease: Duration) -> Option<Arc<Handoff>> {
+        Some(Arc::clone(
+            self.handoff.get_or_init(|| Arc::new(Handoff::new(lease))),
+        ))
     }
 
     async fn claim_announcements(&self, limit: u32, lease: Duration) -> Result<Claim, StoreError> {
@@ -638,6 +667,90 @@ mod tests {
         assert_eq!(found.len(), 1, "o1's announcement: {found:?}");
         assert_eq!(found[0].order_id, "o1");
         other.execute_batch("ROLLBACK").unwrap();
+    }
+
+    /// With a dispatcher running (a hand-off), an execution's row is born
+    /// leased to it and handed over once committed, as a claim would read
+    /// it; no claim takes it while the lease holds, and a duplicate hands
+    /// nothing over.
+    #[tokio::test]
+    async fn a_row_born_leased_is_handed_over_as_a_claim_reads_it_and_not_claimed_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            SqliteStore::open(&dir.path().join("orders.db"), Duration::from_secs(5)).expect("open");
+        store.migrate().await.expect("migrate");
+        let order = |id: &str, qty: &str| {
+            Order::from_data(&serde_json::json!({
+                "orderId": id, "accountId": "acct", "side": "sell",
+                "symbol": "MSFT", "quantity": qty
+            }))
+            .expect("an order")
+        };
+        // Before a dispatcher runs, rows are claimable at once.
+        store
+            .execute(&order("before", "1"), "e", "{}")
+            .await
+            .unwrap();
+        let lease = Duration::from_secs(60);
+        let handoff = store
+            .hand_over_announcements(lease)
+            .expect("SQLite hands over");
+        assert!(handoff.take().is_empty(), "nothing executed since");
+        let before = Instant::now();
+        let placed = order("born", "2.50");
+        store.execute(&placed, "e", "{}").await.unwrap();
+        let births = handoff.take();
+        assert_eq!(births.len(), 1, "{births:?}");
+        assert!(births[0].leased_until <= Instant::now() + lease);
+        assert!(births[0].leased_until >= before + lease);
+        let born = &births[0].row;
+        assert_eq!(born.order_id, "born");
+        assert_eq!(born.quantity, placed.quantity);
+        assert_eq!(born.position_after.to_string(), "-3.5");
+        let claim = store.claim_announcements(10, lease).await.unwrap();
+        let claimed: Vec<&str> = claim.rows.iter().map(|r| r.order_id.as_str()).collect();
+        assert_eq!(
+            claimed,
+            ["before"],
+            "the born row is leased to its dispatcher"
+        );
+        // Its lease is the hand-off's token: a deferral under it applies
+        // (and makes it claimable now), and the claim then reads the same row.
+        store
+            .defer_announcement(
+                &handoff.token,
+                &Deferral {
+                    message_id: born.message_id.clone(),
+                    error: "503".into(),
+                    retry_in: Duration::ZERO,
+                    park: false,
+                },
+            )
+            .await
+            .unwrap();
+        let reclaimed = store.claim_announcements(10, lease).await.unwrap();
+        assert_eq!(reclaimed.rows.len(), 1, "{reclaimed:?}");
+        let again = &reclaimed.rows[0];
+        assert_eq!(again.attempts, 1);
+        assert_eq!(
+            Announcement {
+                attempts: 0,
+                last_error: None,
+                ..again.clone()
+            },
+            *born,
+            "handed over as a claim reads it"
+        );
+        // A duplicate writes nothing and hands nothing over.
+        assert_eq!(
+            store.execute(&placed, "e", "{}").await.unwrap(),
+            Execution::AlreadyDone
+        );
+        assert!(handoff.take().is_empty());
+        assert!(Arc::ptr_eq(
+            &handoff,
+            &store.hand_over_announcements(lease).unwrap()
+        ));
     }
 
     /// The claim is one `UPDATE … RETURNING`: it hands back exactly the

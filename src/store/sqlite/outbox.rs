@@ -25,34 +25,91 @@ fn modifier(d: Duration, sign: char) -> String {
 
 /// The announcement of an order this transaction just executed: its
 /// `ExecutedAt` read from the row the same transaction wrote, so the two
-/// agree to the millisecond.
+/// agree to the millisecond. Born leased (`Some((token, lease))`, a
+/// [`crate::store::Handoff`]'s): the row is written under that lease and
+/// answered as a claim would read it, for the dispatcher to send.
 pub(super) fn announce(
     conn: &Connection,
     o: &Order,
     position_after: Position,
-) -> Result<(), rusqlite::Error> {
-    conn.prepare_cached(&format!(
-        "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
-                             PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt,
-                             LeaseUntil)
-         SELECT ?1, ?2, OrderId, AccountId, Side, Symbol, Quantity, ?3, ?4, ExecutedAt,
-                {NOW}, {NOW}, {NOW}
-           FROM Orders WHERE OrderId = ?5"
-    ))?
-    .execute(params![
-        message_id(&o.order_id),
-        ORDER_EXECUTED,
-        position_after.to_string(),
-        o.fingerprint(),
-        o.order_id,
-    ])
-    .and_then(|n| match n {
-        1 => Ok(()),
-        n => Err(super::protocol_error(format!(
-            "order {}: its announcement wrote {n} rows",
+    born: Option<(&str, Duration)>,
+) -> Result<Option<Announcement>, rusqlite::Error> {
+    let id = message_id(&o.order_id);
+    let Some((token, lease)) = born else {
+        let written = conn
+            .prepare_cached(&format!(
+                "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
+                                     PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt,
+                                     LeaseUntil)
+                 SELECT ?1, ?2, OrderId, AccountId, Side, Symbol, Quantity, ?3, ?4, ExecutedAt,
+                        {NOW}, {NOW}, {NOW}
+                   FROM Orders WHERE OrderId = ?5"
+            ))?
+            .execute(params![
+                id,
+                ORDER_EXECUTED,
+                position_after.to_string(),
+                o.fingerprint(),
+                o.order_id,
+            ])?;
+        return match written {
+            1 => Ok(None),
+            n => Err(super::protocol_error(format!(
+                "order {}: its announcement wrote {n} rows",
+                o.order_id
+            ))),
+        };
+    };
+    let written = conn
+        .prepare_cached(&format!(
+            "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
+                                 PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt,
+                                 LeaseUntil, ClaimToken)
+             SELECT ?1, ?2, OrderId, AccountId, Side, Symbol, Quantity, ?3, ?4, ExecutedAt,
+                    {NOW}, {NOW}, {}, ?7
+               FROM Orders WHERE OrderId = ?5",
+            now_plus(6)
+        ))?
+        .execute(params![
+            id,
+            ORDER_EXECUTED,
+            position_after.to_string(),
+            o.fingerprint(),
+            o.order_id,
+            modifier(lease, '+'),
+            token,
+        ])?;
+    if written != 1 {
+        return Err(super::protocol_error(format!(
+            "order {}: its announcement wrote {written} rows",
             o.order_id
-        ))),
-    })
+        )));
+    }
+    // What the order does not hold as given (the quantity as its row
+    // keeps it, the instant it executed), read back from the row just
+    // written: the rest is the order's own. (`RETURNING` cost more: it
+    // buffers its rows in a table of their own; callgrind.)
+    let seq = conn.last_insert_rowid();
+    let (quantity, executed_at) = conn
+        .prepare_cached("SELECT Quantity, ExecutedAt FROM Outbox WHERE Seq = ?1")?
+        .query_row([seq], |r| Ok((r.get::<_, String>(0)?, r.get(1)?)))?;
+    Ok(Some(Announcement {
+        message_id: id,
+        seq,
+        kind: ORDER_EXECUTED.to_string(),
+        order_id: o.order_id.clone(),
+        account_id: o.account_id.clone(),
+        side: o.side.as_str().to_string(),
+        symbol: o.symbol.clone(),
+        quantity: decimal(&quantity)?,
+        position_after,
+        executed_at,
+        fingerprint: o.fingerprint().to_string(),
+        attempts: 0,
+        last_error: None,
+        parked: false,
+        dispatched_at: None,
+    }))
 }
 
 const COLUMNS: &str = "MessageId, Seq, Kind, OrderId, AccountId, Side, Symbol, Quantity, \
