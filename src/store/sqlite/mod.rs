@@ -27,7 +27,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension};
@@ -48,6 +48,26 @@ use crate::order::{Order, OrderStatus};
 use crate::position::Position;
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// An instant as every `…At` column holds it, the text of [`NOW`]: UTC to
+/// the millisecond (`2026-12-05T11:07:22.123Z`). The hot calls (an
+/// execution, a mark) take the time once on the writer thread and bind it
+/// to each column that records it, rather than run `strftime` in each
+/// statement: SQLite's `strftime` cost about 5 000 instructions a call, six
+/// a first delivery and two a row marked (callgrind, docs/benchmarks.md).
+fn instant_text(at: SystemTime) -> String {
+    let t = time::OffsetDateTime::from(at);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
+}
 
 /// SQLite-backed store.
 pub struct SqliteStore {
@@ -378,14 +398,18 @@ impl OrderStore for SqliteStore {
         // group commit (one durable commit for the whole group).
         let (execution, birth) = self
             .with(move |conn| {
+            // One instant for the whole call, taken under the write lock (so
+            // one position's executions get theirs in execution order).
+            let at = SystemTime::now();
+            let now = instant_text(at);
             match read_order(conn, &o.order_id)? {
                 None => {
                     // Cached statements: parsed once per connection, not per call.
-                    conn.prepare_cached(&format!(
+                    conn.prepare_cached(
                         "INSERT INTO Orders (OrderId, Fingerprint, EventId, AccountId, Side, Symbol,
                                              Quantity, LimitPrice, Currency, PlacedAt, Status, ReceivedAt)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'Received', {NOW})"
-                    ))?
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'Received', ?11)",
+                    )?
                     .execute(params![
                         o.order_id,
                         o.fingerprint(),
@@ -397,6 +421,7 @@ impl OrderStore for SqliteStore {
                         o.limit_price.map(|p| p.to_string()),
                         o.currency,
                         o.placed_at,
+                        now,
                     ])?;
                 }
                 Some(existing) if existing.current_fingerprint() != o.fingerprint() => {
@@ -457,30 +482,33 @@ impl OrderStore for SqliteStore {
                 }
             };
             let changed = conn
-                .prepare_cached(&format!(
-                    "UPDATE Orders SET Status = 'Executed', ExecutedAt = {NOW}
-                      WHERE OrderId = ?1 AND Status = 'Received'"
-                ))?
-                .execute([&o.order_id])?;
+                .prepare_cached(
+                    "UPDATE Orders SET Status = 'Executed', ExecutedAt = ?2
+                      WHERE OrderId = ?1 AND Status = 'Received'",
+                )?
+                .execute([&o.order_id, &now])?;
             if changed != 1 {
                 return Err(protocol_error(format!(
                     "order {}: the update to Executed changed {changed} rows",
                     o.order_id
                 )));
             }
-            conn.prepare_cached(&format!(
+            conn.prepare_cached(
                 "INSERT INTO Positions (AccountId, Symbol, Quantity, UpdatedAt)
-                 VALUES (?1, ?2, ?3, {NOW})
+                 VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (AccountId, Symbol)
-                 DO UPDATE SET Quantity = excluded.Quantity, UpdatedAt = excluded.UpdatedAt"
-            ))?
-            .execute(params![o.account_id, o.symbol, next.to_string()])?;
+                 DO UPDATE SET Quantity = excluded.Quantity, UpdatedAt = excluded.UpdatedAt",
+            )?
+            .execute(params![o.account_id, o.symbol, next.to_string(), now])?;
             // The announcement, in the same commit as the execution; born
             // leased to this process's dispatcher when it runs, its lease
             // timed from before the row is written (so it ends no later
             // here than in the row).
             let leased_until = born.as_ref().map(|(_, lease)| Instant::now() + *lease);
-            let row = outbox::announce(conn, &o, next, born.as_ref().map(|(t, l)| (t.as_str(), *l)))?;
+            let born_leased = born
+                .as_ref()
+                .map(|(token, lease)| (token.as_str(), instant_text(at + *lease)));
+            let row = outbox::announce(conn, &o, next, &now, born_leased)?;
             let birth = row.zip(leased_until).map(|(row, leased_until)| Birth { row, leased_until });
             Ok((Execution::Executed, birth))
         })
@@ -667,6 +695,34 @@ mod tests {
         assert_eq!(found.len(), 1, "o1's announcement: {found:?}");
         assert_eq!(found[0].order_id, "o1");
         other.execute_batch("ROLLBACK").unwrap();
+    }
+
+    /// The instant bound in place of `strftime('…', 'now')` is the same
+    /// text on the same clock: SQLite's `now`, read between two of ours,
+    /// sorts between them, and has the same shape.
+    #[test]
+    fn the_instant_bound_is_the_text_strftime_writes() {
+        let epoch = SystemTime::UNIX_EPOCH;
+        assert_eq!(
+            instant_text(epoch + Duration::from_millis(1_764_932_842_123)),
+            "2025-12-05T11:07:22.123Z"
+        );
+        assert_eq!(
+            instant_text(epoch + Duration::from_nanos(999_999_999)),
+            "1970-01-01T00:00:00.999Z",
+            "milliseconds truncated, as SQLite's clock gives them"
+        );
+        let conn = Connection::open_in_memory().unwrap();
+        let before = instant_text(SystemTime::now());
+        let sqlite: String = conn
+            .query_row(&format!("SELECT {NOW}"), [], |r| r.get(0))
+            .unwrap();
+        let after = instant_text(SystemTime::now());
+        assert!(
+            before <= sqlite && sqlite <= after,
+            "{before} {sqlite} {after}"
+        );
+        assert_eq!(sqlite.len(), before.len());
     }
 
     /// With a dispatcher running (a hand-off), an execution's row is born

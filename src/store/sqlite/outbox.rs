@@ -23,34 +23,37 @@ fn modifier(d: Duration, sign: char) -> String {
     format!("{sign}{}.{:03} seconds", d.as_secs(), d.subsec_millis())
 }
 
-/// The announcement of an order this transaction just executed: its
-/// `ExecutedAt` read from the row the same transaction wrote, so the two
-/// agree to the millisecond. Born leased (`Some((token, lease))`, a
-/// [`crate::store::Handoff`]'s): the row is written under that lease and
-/// answered as a claim would read it, for the dispatcher to send.
+/// The announcement of an order this transaction just executed at `now`
+/// (the text the order's row holds): its `ExecutedAt` read from that row,
+/// so the two agree. Born leased (`Some((token, until))`, a
+/// [`crate::store::Handoff`]'s token and the lease's end): the row is
+/// written under that lease and answered as a claim would read it, for the
+/// dispatcher to send.
 pub(super) fn announce(
     conn: &Connection,
     o: &Order,
     position_after: Position,
-    born: Option<(&str, Duration)>,
+    now: &str,
+    born: Option<(&str, String)>,
 ) -> Result<Option<Announcement>, rusqlite::Error> {
     let id = message_id(&o.order_id);
-    let Some((token, lease)) = born else {
+    let Some((token, leased_until)) = born else {
         let written = conn
-            .prepare_cached(&format!(
+            .prepare_cached(
                 "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
                                      PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt,
                                      LeaseUntil)
                  SELECT ?1, ?2, OrderId, AccountId, Side, Symbol, Quantity, ?3, ?4, ExecutedAt,
-                        {NOW}, {NOW}, {NOW}
-                   FROM Orders WHERE OrderId = ?5"
-            ))?
+                        ?6, ?6, ?6
+                   FROM Orders WHERE OrderId = ?5",
+            )?
             .execute(params![
                 id,
                 ORDER_EXECUTED,
                 position_after.to_string(),
                 o.fingerprint(),
                 o.order_id,
+                now,
             ])?;
         return match written {
             1 => Ok(None),
@@ -61,22 +64,22 @@ pub(super) fn announce(
         };
     };
     let written = conn
-        .prepare_cached(&format!(
+        .prepare_cached(
             "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
                                  PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt,
                                  LeaseUntil, ClaimToken)
              SELECT ?1, ?2, OrderId, AccountId, Side, Symbol, Quantity, ?3, ?4, ExecutedAt,
-                    {NOW}, {NOW}, {}, ?7
+                    ?6, ?6, ?7, ?8
                FROM Orders WHERE OrderId = ?5",
-            now_plus(6)
-        ))?
+        )?
         .execute(params![
             id,
             ORDER_EXECUTED,
             position_after.to_string(),
             o.fingerprint(),
             o.order_id,
-            modifier(lease, '+'),
+            now,
+            leased_until,
             token,
         ])?;
     if written != 1 {
@@ -160,20 +163,21 @@ pub(super) fn claim(
     Ok(rows)
 }
 
-/// The mark of one row, by message id among undispatched rows (the filter
-/// that lets it use the message id's partial index: `schema::tests`).
+/// The mark of one row at `?2` (now), by message id among undispatched
+/// rows (the filter that lets it use the message id's partial index:
+/// `schema::tests`).
 pub(super) fn mark_sql() -> String {
-    format!(
-        "UPDATE Outbox SET DispatchedAt = {NOW}, LeaseUntil = {NOW}
-          WHERE MessageId = ?1 AND DispatchedAt IS NULL"
-    )
+    "UPDATE Outbox SET DispatchedAt = ?2, LeaseUntil = ?2
+      WHERE MessageId = ?1 AND DispatchedAt IS NULL"
+        .to_string()
 }
 
 pub(super) fn mark(conn: &Connection, ids: &[String]) -> Result<u64, rusqlite::Error> {
     let mut stmt = conn.prepare_cached(&mark_sql())?;
+    let now = super::instant_text(std::time::SystemTime::now());
     let mut marked = 0;
     for id in ids {
-        marked += stmt.execute([id])? as u64;
+        marked += stmt.execute([id, &now])? as u64;
     }
     Ok(marked)
 }
