@@ -183,6 +183,73 @@ async fn a_destination_down_defers_every_row_and_loses_none() {
     assert_eq!(store.outbox_counts().await.unwrap().undispatched, 0);
 }
 
+/// A running dispatcher sends the rows its process executes without a
+/// claim; one it could not send is deferred under the lease it was born
+/// with (counted, not parked), and a later claim sends it once the
+/// destination is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_born_row_not_sent_is_deferred_and_sent_by_a_later_claim() {
+    let azurite = Azurite::start_queue();
+    let (sqlite, dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = sqlite;
+    // The queue does not exist yet: the send fails (404, the
+    // destination's state, not the row's fault).
+    let d = Arc::new(Dispatcher::new(
+        Arc::clone(&store),
+        Destination::Queue(QueueDestination::new(queue_settings(&azurite, "late"))),
+        DispatchSettings {
+            poll: Duration::from_millis(200),
+            ..DispatchSettings::default()
+        },
+    ));
+    let running = d.spawn();
+    let o = order(&unique_id("ord"), &unique_id("acct"), "buy", "3");
+    execute_all(&store, std::slice::from_ref(&o)).await;
+    d.announcer().executed();
+    let row = || async {
+        let rows = store
+            .announcements(&Listing::Order(o.order_id.clone()), 1)
+            .await
+            .unwrap();
+        rows.into_iter().next().expect("the order's announcement")
+    };
+    let started = Instant::now();
+    while row().await.attempts == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "never tried");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deferred = row().await;
+    assert!(!deferred.parked && deferred.dispatched_at.is_none());
+    let why = deferred.last_error.unwrap();
+    assert!(why.contains("does not exist (404)"), "{why}");
+    azurite.create_queue("late").await;
+    let mut got = Vec::new();
+    while got.is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never sent: {:?}",
+            row().await
+        );
+        got.extend(azurite.drain_queue("late", true).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        by_id(&got).keys().cloned().collect::<Vec<_>>(),
+        [message_id(&o.order_id)]
+    );
+    while row().await.dispatched_at.is_none() {
+        assert!(started.elapsed() < Duration::from_secs(30), "never marked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Sent by a claim: the row holds the claim's token, not its birth's.
+    let token: String = rusqlite::Connection::open(dir.path().join("orders.db"))
+        .unwrap()
+        .query_row("SELECT ClaimToken FROM Outbox", [], |r| r.get(0))
+        .unwrap();
+    assert!(!token.starts_with("born-"), "{token}");
+    running.abort();
+}
+
 /// A dispatcher that sent and died before its mark: the lease runs out,
 /// another sends the row again, with the same id and the same bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,21 +412,34 @@ async fn serve_announces_what_it_executes_and_nothing_else() {
     want.sort();
     assert_eq!(by_id(&got).keys().cloned().collect::<Vec<_>>(), want);
     assert!(log_text().contains("outbox: dispatching to the Storage Queue executions"));
-    // Sent from memory, with no claim: each row still holds the lease it
-    // was born with (a claim writes a token of its own), and is marked.
+    // The mark follows the send: wait for it (the rows' own state, read
+    // from the file the handler writes; bounded).
     let conn = rusqlite::Connection::open(dir.path().join("orders.db")).unwrap();
-    let tokens: Vec<(String, bool)> = conn
-        .prepare("SELECT ClaimToken, DispatchedAt IS NOT NULL FROM Outbox ORDER BY Seq")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let rows = || -> Vec<(Option<String>, bool)> {
+        conn.prepare("SELECT ClaimToken, DispatchedAt IS NOT NULL FROM Outbox ORDER BY Seq")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    let started = Instant::now();
+    while rows().iter().any(|(_, marked)| !marked) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "not all marked: {:?}",
+            rows()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Sent from memory, with no claim: each row still holds the lease it
+    // was born with (a claim writes a token of its own).
+    let tokens = rows();
     assert_eq!(tokens.len(), 3, "{tokens:?}");
     assert!(
-        tokens
-            .iter()
-            .all(|(t, sent)| *sent && t.starts_with("born-") && *t == tokens[0].0),
+        tokens.iter().all(
+            |(t, _)| t.as_deref().is_some_and(|t| t.starts_with("born-")) && *t == tokens[0].0
+        ),
         "{tokens:?}"
     );
     // Nothing waits; the CLI says so.

@@ -48,7 +48,8 @@ pub struct DispatchSettings {
     pub naming: Naming,
     /// Rows per claim.
     pub batch: u32,
-    /// How long a claim holds its rows: longer than a round's sends.
+    /// How long a claim holds its rows, and how long a row is born leased
+    /// to this process's dispatcher: longer than a round's sends.
     pub lease: Duration,
     /// How often a dispatcher looks for rows nobody woke it for.
     pub poll: Duration,
@@ -57,7 +58,7 @@ pub struct DispatchSettings {
     /// Sends in flight at once.
     pub in_flight: usize,
     /// How long a woken dispatcher waits for the executions that follow
-    /// before it claims: one claim and one mark then cover them all, so
+    /// before its round: one round and one mark then cover them all, so
     /// the writes the outbox adds stay a small fraction of the executions'
     /// (measured: without it, SQLite's first deliveries ran at half the
     /// rate, a claim and a mark per order).
@@ -168,6 +169,8 @@ pub struct Dispatcher {
     settings: DispatchSettings,
     announcer: Announcer,
     counters: Counters,
+    /// The hand-off's refusals already logged.
+    refused_seen: AtomicU64,
 }
 
 impl Dispatcher {
@@ -182,6 +185,7 @@ impl Dispatcher {
             settings,
             announcer: Announcer::default(),
             counters: Counters::default(),
+            refused_seen: AtomicU64::new(0),
         }
     }
 
@@ -211,12 +215,36 @@ impl Dispatcher {
         self.send(claim.rows, &claim.token, s.lease / 2).await
     }
 
-    /// The rows this process executed, born leased to it ([`Handoff`]):
-    /// sent as they are, with no claim; those too old to send within their
-    /// lease ([`sendable`]) are left for a claim once it ends.
+    /// A round of the rows this process executed, born leased to it
+    /// ([`Handoff`]), at most `batch` of them: sent as they are, with no
+    /// claim; those too old to send within their lease ([`sendable`]) are
+    /// left for a claim once it ends. `claimed` counts the rows taken.
     pub async fn send_born(&self, handoff: &Handoff) -> Result<Round, StoreError> {
-        let (rows, within) = sendable(handoff.take(), Instant::now(), handoff.lease);
-        self.send(rows, &handoff.token, within).await
+        let taken = handoff.take(self.settings.batch as usize);
+        let count = taken.len();
+        let (rows, within) = sendable(taken, Instant::now(), handoff.lease);
+        let round = self.send(rows, &handoff.token, within).await?;
+        Ok(Round {
+            claimed: count,
+            ..round
+        })
+    }
+
+    /// Rounds of born rows until fewer than a round's worth wait; says once
+    /// a round when the hand-off was full (those rows go after their lease).
+    async fn drain_born(&self, handoff: &Handoff) -> Result<(), StoreError> {
+        let refused = handoff.refused();
+        let before = self.refused_seen.swap(refused, Ordering::Relaxed);
+        if refused > before {
+            log::warn!(
+                "outbox: {} announcements not handed to the dispatcher ({} wait already): it is behind; they are sent once their lease ends ({} s)",
+                refused - before,
+                Handoff::CAPACITY,
+                handoff.lease.as_secs()
+            );
+        }
+        while self.send_born(handoff).await?.claimed >= self.settings.batch as usize {}
+        Ok(())
     }
 
     /// Send `rows`, held under `token`'s lease, within `within`; mark the
@@ -363,21 +391,20 @@ impl Dispatcher {
                 log::error!("outbox: the retention task ended unexpectedly; started again");
                 retention = Retention(tokio::spawn(Arc::clone(&self).retain()));
             }
-            let claim = handoff.is_none() || tokio::time::Instant::now() >= next_claim;
-            if claim {
+            let born = match &handoff {
+                Some(h) => self.drain_born(h).await,
+                None => Ok(()),
+            };
+            // The claim runs whatever the born rows' round did; the next
+            // one `poll` after this one ends.
+            let claimed = if handoff.is_none() || tokio::time::Instant::now() >= next_claim {
+                let claimed = self.drain().await.map(|_| ());
                 next_claim = tokio::time::Instant::now() + self.settings.poll;
-            }
-            let result = async {
-                if let Some(h) = &handoff {
-                    self.send_born(h).await?;
-                }
-                if claim {
-                    self.drain().await?;
-                }
-                Ok::<_, StoreError>(())
-            }
-            .await;
-            match result {
+                claimed
+            } else {
+                Ok(())
+            };
+            match born.and(claimed) {
                 Err(e) if !failing => {
                     failing = true;
                     log::warn!(

@@ -6,11 +6,12 @@
 //! one. The row holds the facts a consumer acts on; the message sent is
 //! built from them (`crate::outbox::envelope`), so every copy of it (a
 //! dispatch retried, a lease taken over, an operator's retry) has the same
-//! id and the same payload. Dispatching (`crate::outbox`) claims rows under
-//! a lease, sends them, and marks them dispatched; dispatched rows are
-//! deleted after a retention.
+//! id and the same payload. Dispatching (`crate::outbox`) holds rows under
+//! a lease (claimed, or born leased to it: [`Handoff`]), sends them, and
+//! marks them dispatched; dispatched rows are deleted after a retention.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -82,10 +83,10 @@ pub struct Claim {
 /// already leased to [`Handoff::token`] for [`Handoff::lease`], in the
 /// transaction that executes its order, and handed over here once that
 /// transaction has committed. The dispatcher sends it as it is, with no
-/// claim: on SQLite a claim was the costliest of the outbox's writes (it
-/// rewrites every row, and its statement is prepared again on every call),
-/// and one claim and one mark a round were most of what dispatch added to
-/// first deliveries (docs/benchmarks.md, "Born leased").
+/// claim: on SQLite a claim rewrote every row of its round, and its
+/// statement was prepared again on every call (its bound `LIMIT`), a fifth
+/// of what dispatch added to a first delivery's CPU (docs/benchmarks.md,
+/// "Born leased").
 ///
 /// Nothing here is needed for correctness: a row never handed over (the
 /// caller gone before it, the hand-off full, the process dead) or taken too
@@ -98,11 +99,13 @@ pub struct Handoff {
     /// How long a row is born leased.
     pub lease: Duration,
     born: Mutex<VecDeque<Birth>>,
+    /// Rows not handed over because it was full (cumulative).
+    refused: AtomicU64,
 }
 
-/// A row handed over, and when its lease ends by this process's clock (an
-/// instant taken before the row was written, so it ends no later than the
-/// lease the row holds).
+/// A row handed over, and when its lease ends by this process's monotonic
+/// clock (timed from the instant the row's lease is, to within the
+/// millisecond the row's text keeps; sends end half a lease before it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Birth {
     pub row: Announcement,
@@ -119,32 +122,42 @@ impl Handoff {
             token: format!("born-{}", uuid::Uuid::new_v4()),
             lease,
             born: Mutex::new(VecDeque::new()),
+            refused: AtomicU64::new(0),
         }
     }
 
     /// A committed row, for the dispatcher; `false` when full (the row then
-    /// waits for its lease to end).
+    /// waits for its lease to end, and [`Self::refused`] counts it).
     pub fn hand(&self, birth: Birth) -> bool {
         let mut born = self.born.lock().unwrap_or_else(|e| e.into_inner());
         if born.len() >= Self::CAPACITY {
+            self.refused.fetch_add(1, Ordering::Relaxed);
             return false;
         }
         born.push_back(birth);
         true
     }
 
-    /// Every row handed over so far, oldest first.
-    pub fn take(&self) -> Vec<Birth> {
+    /// The oldest rows handed over, at most `limit` (a round's worth: a
+    /// round's mark is one writer call, which the orders wait behind).
+    pub fn take(&self, limit: usize) -> Vec<Birth> {
         let mut born = self.born.lock().unwrap_or_else(|e| e.into_inner());
-        born.drain(..).collect()
+        let n = born.len().min(limit);
+        born.drain(..n).collect()
+    }
+
+    /// Rows not handed over because the hand-off was full, so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 }
 
-/// Which of `births` to send from memory at `now`, and by when the sends
-/// must end: a row whose lease has at least half of it left past the
-/// send window; the window ends at half the lease of the oldest sent (as
-/// a claimed round stops at half its lease), and is at least a quarter of
-/// the lease. The others are left to a claim once their lease ends. Pure.
+/// Which of `births` to send from memory at `now`, and how long the sends
+/// may take. A claimed round stops sending at half its lease; so does
+/// this one, counted from the oldest row it sends. A row is sent only
+/// while that leaves a quarter of the lease or more (it was born at most a
+/// quarter of the lease ago); older ones, and every one when the lease is
+/// zero, are left to a claim once their lease ends. Pure.
 pub fn sendable(
     births: Vec<Birth>,
     now: Instant,
@@ -278,7 +291,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_hand_off_refuses_a_row_and_take_empties_it() {
+    fn a_full_hand_off_refuses_and_counts_a_row_and_take_gives_a_rounds_worth() {
         let h = Handoff::new(Duration::from_secs(30));
         assert!(h.token.starts_with("born-"));
         let birth = Birth {
@@ -288,9 +301,12 @@ mod tests {
         for _ in 0..Handoff::CAPACITY {
             assert!(h.hand(birth.clone()));
         }
+        assert_eq!(h.refused(), 0);
         assert!(!h.hand(birth.clone()), "full: the row waits for its lease");
-        assert_eq!(h.take().len(), Handoff::CAPACITY);
-        assert!(h.take().is_empty());
+        assert_eq!(h.refused(), 1);
+        assert_eq!(h.take(64).len(), 64, "a round's worth");
+        assert_eq!(h.take(usize::MAX).len(), Handoff::CAPACITY - 64);
+        assert!(h.take(64).is_empty());
         assert!(h.hand(birth));
     }
 

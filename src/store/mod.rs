@@ -359,7 +359,7 @@ pub trait OrderStore: Send + Sync {
 
     /// A send failed: count it, keep why, and make the row claimable again
     /// after `retry_in` (or park it for an operator). Only while the row is
-    /// still under this claim's token.
+    /// still under `token` (a claim's, or the hand-off's it was born under).
     async fn defer_announcement(&self, token: &str, deferral: &Deferral) -> Result<(), StoreError>;
 
     /// Delete up to `limit` announcements dispatched more than `retention`

@@ -400,9 +400,12 @@ impl OrderStore for SqliteStore {
             .with(move |conn| {
             // One instant for the whole call, taken under the write lock (so
             // one position's executions get theirs in execution order).
+            let started = Instant::now();
             let at = SystemTime::now();
             let now = instant_text(at);
-            match read_order(conn, &o.order_id)? {
+            let existing = read_order(conn, &o.order_id)?;
+            let fresh = existing.is_none();
+            match existing {
                 None => {
                     // Cached statements: parsed once per connection, not per call.
                     conn.prepare_cached(
@@ -502,13 +505,12 @@ impl OrderStore for SqliteStore {
             .execute(params![o.account_id, o.symbol, next.to_string(), now])?;
             // The announcement, in the same commit as the execution; born
             // leased to this process's dispatcher when it runs, its lease
-            // timed from before the row is written (so it ends no later
-            // here than in the row).
-            let leased_until = born.as_ref().map(|(_, lease)| Instant::now() + *lease);
+            // timed from the call's instant both in the row and here.
+            let leased_until = born.as_ref().map(|(_, lease)| started + *lease);
             let born_leased = born
                 .as_ref()
                 .map(|(token, lease)| (token.as_str(), instant_text(at + *lease)));
-            let row = outbox::announce(conn, &o, next, &now, born_leased)?;
+            let row = outbox::announce(conn, &o, next, &now, born_leased, fresh)?;
             let birth = row.zip(leased_until).map(|(row, leased_until)| Birth { row, leased_until });
             Ok((Execution::Executed, birth))
         })
@@ -725,6 +727,49 @@ mod tests {
         assert_eq!(sqlite.len(), before.len());
     }
 
+    /// A row left `Received` by an earlier version keeps the quantity's
+    /// text it was written with; the row handed over carries that text, as
+    /// a claim would read it (every copy of an announcement has the same
+    /// bytes).
+    #[tokio::test]
+    async fn a_resumed_row_is_handed_over_with_the_quantity_its_row_keeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orders.db");
+        let store = SqliteStore::open(&path, Duration::from_secs(5)).expect("open");
+        store.migrate().await.expect("migrate");
+        let order = Order::from_data(&serde_json::json!({
+            "orderId": "resumed", "accountId": "acct", "side": "buy",
+            "symbol": "MSFT", "quantity": "2.50"
+        }))
+        .expect("an order");
+        Connection::open(&path)
+            .unwrap()
+            .execute(
+                "INSERT INTO Orders (OrderId, Fingerprint, AccountId, Side, Symbol, Quantity,
+                                     Status, ReceivedAt)
+                 VALUES ('resumed', ?1, 'acct', 'buy', 'MSFT', '2.50', 'Received',
+                         '2026-12-05T00:00:00.000Z')",
+                [order.fingerprint()],
+            )
+            .unwrap();
+        let lease = Duration::from_secs(60);
+        let handoff = store.hand_over_announcements(lease).unwrap();
+        assert_eq!(
+            store.execute(&order, "e", "{}").await.unwrap(),
+            Execution::Executed
+        );
+        let births = handoff.take(usize::MAX);
+        assert_eq!(births.len(), 1, "{births:?}");
+        let born = &births[0].row;
+        assert_eq!(born.quantity.to_string(), "2.50", "the row's text");
+        let stored = store
+            .announcements(&crate::store::Listing::Order("resumed".into()), 1)
+            .await
+            .unwrap();
+        assert_eq!(stored.len(), 1);
+        assert_eq!(stored[0], *born, "handed over as a claim reads it");
+    }
+
     /// With a dispatcher running (a hand-off), an execution's row is born
     /// leased to it and handed over once committed, as a claim would read
     /// it; no claim takes it while the lease holds, and a duplicate hands
@@ -751,11 +796,14 @@ mod tests {
         let handoff = store
             .hand_over_announcements(lease)
             .expect("SQLite hands over");
-        assert!(handoff.take().is_empty(), "nothing executed since");
+        assert!(
+            handoff.take(usize::MAX).is_empty(),
+            "nothing executed since"
+        );
         let before = Instant::now();
         let placed = order("born", "2.50");
         store.execute(&placed, "e", "{}").await.unwrap();
-        let births = handoff.take();
+        let births = handoff.take(usize::MAX);
         assert_eq!(births.len(), 1, "{births:?}");
         assert!(births[0].leased_until <= Instant::now() + lease);
         assert!(births[0].leased_until >= before + lease);
@@ -802,7 +850,7 @@ mod tests {
             store.execute(&placed, "e", "{}").await.unwrap(),
             Execution::AlreadyDone
         );
-        assert!(handoff.take().is_empty());
+        assert!(handoff.take(usize::MAX).is_empty());
         assert!(Arc::ptr_eq(
             &handoff,
             &store.hand_over_announcements(lease).unwrap()

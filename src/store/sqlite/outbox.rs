@@ -24,44 +24,25 @@ fn modifier(d: Duration, sign: char) -> String {
 }
 
 /// The announcement of an order this transaction just executed at `now`
-/// (the text the order's row holds): its `ExecutedAt` read from that row,
-/// so the two agree. Born leased (`Some((token, until))`, a
+/// (the text the order's row holds): its `ExecutedAt` copied from that
+/// row, so the two agree. Born leased (`Some((token, until))`, a
 /// [`crate::store::Handoff`]'s token and the lease's end): the row is
 /// written under that lease and answered as a claim would read it, for the
-/// dispatcher to send.
+/// dispatcher to send. `fresh`: this call inserted the order's row.
 pub(super) fn announce(
     conn: &Connection,
     o: &Order,
     position_after: Position,
     now: &str,
     born: Option<(&str, String)>,
+    fresh: bool,
 ) -> Result<Option<Announcement>, rusqlite::Error> {
     let id = message_id(&o.order_id);
-    let Some((token, leased_until)) = born else {
-        let written = conn
-            .prepare_cached(
-                "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
-                                     PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt,
-                                     LeaseUntil)
-                 SELECT ?1, ?2, OrderId, AccountId, Side, Symbol, Quantity, ?3, ?4, ExecutedAt,
-                        ?6, ?6, ?6
-                   FROM Orders WHERE OrderId = ?5",
-            )?
-            .execute(params![
-                id,
-                ORDER_EXECUTED,
-                position_after.to_string(),
-                o.fingerprint(),
-                o.order_id,
-                now,
-            ])?;
-        return match written {
-            1 => Ok(None),
-            n => Err(super::protocol_error(format!(
-                "order {}: its announcement wrote {n} rows",
-                o.order_id
-            ))),
-        };
+    // Claimable at once (its lease ends as it is written), or leased to
+    // the hand-off's token.
+    let (token, leased_until) = match &born {
+        Some((token, until)) => (Some(*token), until.as_str()),
+        None => (None, now),
     };
     let written = conn
         .prepare_cached(
@@ -88,14 +69,23 @@ pub(super) fn announce(
             o.order_id
         )));
     }
-    // What the order does not hold as given (the quantity as its row
-    // keeps it, the instant it executed), read back from the row just
-    // written: the rest is the order's own. (`RETURNING` cost more: it
-    // buffers its rows in a table of their own; callgrind.)
+    if born.is_none() {
+        return Ok(None);
+    }
+    // The row as a claim would read it, from what this call holds: the
+    // order, `now` (the order's `ExecutedAt`, which the row copies). Only
+    // the quantity's text may differ, in a row that an earlier version
+    // inserted (`fresh` false): that one is read back. (Reading the row
+    // back each time, or `RETURNING` it, cost more: callgrind.)
     let seq = conn.last_insert_rowid();
-    let (quantity, executed_at) = conn
-        .prepare_cached("SELECT Quantity, ExecutedAt FROM Outbox WHERE Seq = ?1")?
-        .query_row([seq], |r| Ok((r.get::<_, String>(0)?, r.get(1)?)))?;
+    let quantity = if fresh {
+        o.quantity
+    } else {
+        let text: String = conn
+            .prepare_cached("SELECT Quantity FROM Outbox WHERE Seq = ?1")?
+            .query_row([seq], |r| r.get(0))?;
+        decimal(&text)?
+    };
     Ok(Some(Announcement {
         message_id: id,
         seq,
@@ -104,9 +94,9 @@ pub(super) fn announce(
         account_id: o.account_id.clone(),
         side: o.side.as_str().to_string(),
         symbol: o.symbol.clone(),
-        quantity: decimal(&quantity)?,
+        quantity,
         position_after,
-        executed_at,
+        executed_at: now.to_string(),
         fingerprint: o.fingerprint().to_string(),
         attempts: 0,
         last_error: None,
@@ -145,18 +135,21 @@ pub(super) fn claim(
     lease: Duration,
 ) -> Result<Vec<Announcement>, rusqlite::Error> {
     // `RETURNING` hands back exactly the rows this statement claimed, in
-    // one statement, not a second read by `ClaimToken`.
+    // one statement, not a second read by `ClaimToken`. The limit is in
+    // the text, not bound: SQLite (built with STAT4) prepares a statement
+    // again every time a value its plan reads is bound, as a `LIMIT` is;
+    // one dispatcher claims with one limit, so one cached statement.
     let mut stmt = conn.prepare_cached(&format!(
         "UPDATE Outbox SET LeaseUntil = {}, ClaimToken = ?1
           WHERE Seq IN (SELECT Seq FROM Outbox
                          WHERE DispatchedAt IS NULL AND NextAttemptAt <= {NOW}
                            AND Parked = 0 AND LeaseUntil <= {NOW}
-                         ORDER BY NextAttemptAt, Seq LIMIT ?3)
+                         ORDER BY NextAttemptAt, Seq LIMIT {limit})
          RETURNING {COLUMNS}",
         now_plus(2)
     ))?;
     let mut rows: Vec<Announcement> = stmt
-        .query_map(params![token, modifier(lease, '+'), limit], row)?
+        .query_map(params![token, modifier(lease, '+')], row)?
         .collect::<Result<_, _>>()?;
     // `RETURNING` promises no order; a round sends in the order of the rows.
     rows.sort_by_key(|a| a.seq);
