@@ -136,9 +136,9 @@ pub(super) fn claim(
 ) -> Result<Vec<Announcement>, rusqlite::Error> {
     // `RETURNING` hands back exactly the rows this statement claimed, in
     // one statement, not a second read by `ClaimToken`. The limit is in
-    // the text, not bound: SQLite (built with STAT4) prepares a statement
-    // again every time a value its plan reads is bound, as a `LIMIT` is;
-    // one dispatcher claims with one limit, so one cached statement.
+    // the text, not bound: SQLite prepares a statement again every time a
+    // value its plan reads is bound, as a `LIMIT` is (callgrind); one
+    // dispatcher claims with one limit, so one cached statement.
     let mut stmt = conn.prepare_cached(&format!(
         "UPDATE Outbox SET LeaseUntil = {}, ClaimToken = ?1
           WHERE Seq IN (SELECT Seq FROM Outbox
