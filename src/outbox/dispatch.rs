@@ -477,23 +477,7 @@ mod tests {
 
     #[test]
     fn a_row_is_parked_only_when_refused_for_good() {
-        let row = crate::store::Announcement {
-            message_id: "m".into(),
-            seq: 1,
-            kind: "OrderExecuted".into(),
-            order_id: "o".into(),
-            account_id: "a".into(),
-            side: "buy".into(),
-            symbol: "s".into(),
-            quantity: rust_decimal::Decimal::ONE,
-            position_after: crate::position::Position::ZERO,
-            executed_at: "t".into(),
-            fingerprint: "f".into(),
-            attempts: 0,
-            last_error: None,
-            parked: false,
-            dispatched_at: None,
-        };
+        let row = crate::store::Announcement::sample("o");
         let down = SendFailure {
             message: "503".into(),
             refused: false,
@@ -507,7 +491,10 @@ mod tests {
         assert!(!deferral(&row, &down, 1_000).park);
         assert!(deferral(&row, &too_large, 1).park);
         let d = deferral(&row, &down, 3);
-        assert_eq!((d.message_id.as_str(), d.error.as_str()), ("m", "503"));
+        assert_eq!(
+            (d.message_id.as_str(), d.error.as_str()),
+            (row.message_id.as_str(), "503")
+        );
         assert_eq!(d.retry_in, Duration::from_secs(4));
     }
 }

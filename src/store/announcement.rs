@@ -69,6 +69,31 @@ pub struct Announcement {
     pub dispatched_at: Option<String>,
 }
 
+#[cfg(test)]
+impl Announcement {
+    /// An undispatched row of `order_id` with placeholder facts, for unit
+    /// tests of what is done with rows.
+    pub(crate) fn sample(order_id: &str) -> Announcement {
+        Announcement {
+            message_id: message_id(order_id),
+            seq: 1,
+            kind: ORDER_EXECUTED.into(),
+            order_id: order_id.into(),
+            account_id: "a".into(),
+            side: "buy".into(),
+            symbol: "s".into(),
+            quantity: Decimal::ONE,
+            position_after: Position::ZERO,
+            executed_at: "t".into(),
+            fingerprint: "f".into(),
+            attempts: 0,
+            last_error: None,
+            parked: false,
+            dispatched_at: None,
+        }
+    }
+}
+
 /// Rows claimed by one dispatcher, under one lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -220,26 +245,6 @@ mod tests {
     /// never change.
     const PINNED_ORD_1: &str = "eec40ef8-f4e4-53b0-b4e0-bffbccde185c";
 
-    fn row(order_id: &str) -> Announcement {
-        Announcement {
-            message_id: message_id(order_id),
-            seq: 1,
-            kind: ORDER_EXECUTED.into(),
-            order_id: order_id.into(),
-            account_id: "a".into(),
-            side: "buy".into(),
-            symbol: "s".into(),
-            quantity: Decimal::ONE,
-            position_after: Position::ZERO,
-            executed_at: "t".into(),
-            fingerprint: "f".into(),
-            attempts: 0,
-            last_error: None,
-            parked: false,
-            dispatched_at: None,
-        }
-    }
-
     /// Sent from memory: rows with at least three quarters of their lease
     /// left; the sends end while half of the oldest one's is left.
     #[test]
@@ -247,7 +252,7 @@ mod tests {
         let now = Instant::now();
         let lease = Duration::from_secs(40);
         let birth = |id: &str, left: u64| Birth {
-            row: row(id),
+            row: Announcement::sample(id),
             leased_until: now + Duration::from_secs(left),
         };
         let (rows, window) = sendable(
@@ -295,7 +300,7 @@ mod tests {
         let h = Handoff::new(Duration::from_secs(30));
         assert!(h.token.starts_with("born-"));
         let birth = Birth {
-            row: row("o"),
+            row: Announcement::sample("o"),
             leased_until: Instant::now(),
         };
         for _ in 0..Handoff::CAPACITY {

@@ -391,13 +391,12 @@ impl OrderStore for SqliteStore {
         let o = order.clone();
         let (event_id, raw_event) = (event_id.to_string(), raw_event.to_string());
         let handoff = self.handoff.get().cloned();
-        let born = handoff.as_ref().map(|h| (h.token.clone(), h.lease));
+        let born_to = handoff.clone();
         // One call, one savepoint (the writer's own, around every call: an
         // error rolls back all of it): the insert (or the row found), the
         // position and the status change commit together, in the writer's
         // group commit (one durable commit for the whole group).
-        let (execution, birth) = self
-            .with(move |conn| {
+        let (execution, birth) = self.with(move |conn| {
             // One instant for the whole call, taken under the write lock (so
             // one position's executions get theirs in execution order).
             let started = Instant::now();
@@ -506,12 +505,14 @@ impl OrderStore for SqliteStore {
             // The announcement, in the same commit as the execution; born
             // leased to this process's dispatcher when it runs, its lease
             // timed from the call's instant both in the row and here.
-            let leased_until = born.as_ref().map(|(_, lease)| started + *lease);
-            let born_leased = born
+            let born = born_to
                 .as_ref()
-                .map(|(token, lease)| (token.as_str(), instant_text(at + *lease)));
-            let row = outbox::announce(conn, &o, next, &now, born_leased, fresh)?;
-            let birth = row.zip(leased_until).map(|(row, leased_until)| Birth { row, leased_until });
+                .map(|h| (h.token.as_str(), instant_text(at + h.lease)));
+            let row = outbox::announce(conn, &o, next, &now, born, fresh)?;
+            let birth = row.zip(born_to).map(|(row, h)| Birth {
+                row,
+                leased_until: started + h.lease,
+            });
             Ok((Execution::Executed, birth))
         })
         .await?;
@@ -640,15 +641,20 @@ impl OrderStore for SqliteStore {
 mod tests {
     use super::*;
 
+    /// A store on a new file at `path`, its schema made.
+    async fn migrated(path: &Path, busy_timeout: Duration) -> SqliteStore {
+        let store = SqliteStore::open(path, busy_timeout).expect("open");
+        store.migrate().await.expect("migrate");
+        store
+    }
+
     /// A relaxed call commits `NORMAL`; the next call that must be durable
     /// (after a bookkeeping call too) finds the connection `FULL` again.
     /// Which calls are relaxed is counted in fsyncs (docs/benchmarks.md).
     #[tokio::test]
     async fn a_relaxed_call_commits_normal_and_the_next_durable_one_full() {
         let dir = tempfile::tempdir().unwrap();
-        let store =
-            SqliteStore::open(&dir.path().join("orders.db"), Duration::from_secs(5)).expect("open");
-        store.migrate().await.expect("migrate");
+        let store = migrated(&dir.path().join("orders.db"), Duration::from_secs(5)).await;
         let synchronous = |conn: &mut Connection| {
             conn.pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))
         };
@@ -668,8 +674,7 @@ mod tests {
     async fn the_outbox_listings_answer_under_another_process_write_lock() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("orders.db");
-        let store = SqliteStore::open(&path, Duration::from_millis(200)).expect("open");
-        store.migrate().await.expect("migrate");
+        let store = migrated(&path, Duration::from_millis(200)).await;
         store
             .with(|conn| {
                 conn.execute(
@@ -735,8 +740,7 @@ mod tests {
     async fn a_resumed_row_is_handed_over_with_the_quantity_its_row_keeps() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("orders.db");
-        let store = SqliteStore::open(&path, Duration::from_secs(5)).expect("open");
-        store.migrate().await.expect("migrate");
+        let store = migrated(&path, Duration::from_secs(5)).await;
         let order = Order::from_data(&serde_json::json!({
             "orderId": "resumed", "accountId": "acct", "side": "buy",
             "symbol": "MSFT", "quantity": "2.50"
@@ -777,9 +781,7 @@ mod tests {
     #[tokio::test]
     async fn a_row_born_leased_is_handed_over_as_a_claim_reads_it_and_not_claimed_meanwhile() {
         let dir = tempfile::tempdir().unwrap();
-        let store =
-            SqliteStore::open(&dir.path().join("orders.db"), Duration::from_secs(5)).expect("open");
-        store.migrate().await.expect("migrate");
+        let store = migrated(&dir.path().join("orders.db"), Duration::from_secs(5)).await;
         let order = |id: &str, qty: &str| {
             Order::from_data(&serde_json::json!({
                 "orderId": id, "accountId": "acct", "side": "sell",
@@ -863,9 +865,7 @@ mod tests {
     #[tokio::test]
     async fn a_claim_returns_exactly_the_rows_it_leased_oldest_first() {
         let dir = tempfile::tempdir().unwrap();
-        let store =
-            SqliteStore::open(&dir.path().join("orders.db"), Duration::from_secs(5)).expect("open");
-        store.migrate().await.expect("migrate");
+        let store = migrated(&dir.path().join("orders.db"), Duration::from_secs(5)).await;
         let ids: Vec<String> = (1..=5).map(|i| format!("ord-{i}")).collect();
         for id in &ids {
             let order = Order::from_data(&serde_json::json!({
