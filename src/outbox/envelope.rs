@@ -12,8 +12,12 @@
 //! fields declared in the byte order of their names: the order in which
 //! earlier versions, which built a `Value`, wrote them. A copy sent by this
 //! version and one sent by an earlier one carry the same bytes (tested).
+//! Composite and decimal fields are written from their parts as they are
+//! serialised ([`Shown`]), not made into a `String` first.
 
-use serde::Serialize;
+use std::fmt;
+
+use serde::{Serialize, Serializer};
 
 use crate::store::Announcement;
 
@@ -35,9 +39,43 @@ impl Default for Naming {
     }
 }
 
-/// The event type of a row.
-pub fn event_type(naming: &Naming, a: &Announcement) -> String {
-    format!("{}.{}", naming.type_prefix, a.kind)
+/// The event type of a row: `<prefix>.<kind>`.
+pub fn event_type<'a>(naming: &'a Naming, a: &'a Announcement) -> Shown<Joined<'a>> {
+    Shown(Joined(&naming.type_prefix, ".", &a.kind))
+}
+
+/// The subject of a row's event: `orders/<order id>`.
+fn subject(a: &Announcement) -> Shown<Joined<'_>> {
+    Shown(Joined("orders", "/", &a.order_id))
+}
+
+/// A value serialised as the string its `Display` writes, written into
+/// the event's text as it goes: no `String` made and dropped for it.
+#[derive(Debug)]
+pub struct Shown<T>(pub T);
+
+impl<T: fmt::Display> Serialize for Shown<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for Shown<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Two texts and the separator between them.
+#[derive(Debug)]
+pub struct Joined<'a>(&'a str, &'static str, &'a str);
+
+impl fmt::Display for Joined<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)?;
+        f.write_str(self.1)?;
+        f.write_str(self.2)
+    }
 }
 
 /// The facts a consumer acts on. `sequence` is the row's place in this
@@ -51,8 +89,8 @@ pub struct Data<'a> {
     executed_at: &'a str,
     fingerprint: &'a str,
     order_id: &'a str,
-    position_after: String,
-    quantity: String,
+    position_after: Shown<crate::position::Position>,
+    quantity: Shown<rust_decimal::Decimal>,
     sequence: i64,
     side: &'a str,
     symbol: &'a str,
@@ -64,8 +102,8 @@ pub fn data(a: &Announcement) -> Data<'_> {
         executed_at: &a.executed_at,
         fingerprint: &a.fingerprint,
         order_id: &a.order_id,
-        position_after: a.position_after.to_string(),
-        quantity: a.quantity.normalize().to_string(),
+        position_after: Shown(a.position_after),
+        quantity: Shown(a.quantity.normalize()),
         sequence: a.seq,
         side: &a.side,
         symbol: &a.symbol,
@@ -80,10 +118,10 @@ pub struct CloudEvent<'a> {
     id: &'a str,
     source: &'a str,
     specversion: &'static str,
-    subject: String,
+    subject: Shown<Joined<'a>>,
     time: &'a str,
     #[serde(rename = "type")]
-    kind: String,
+    kind: Shown<Joined<'a>>,
 }
 
 pub fn cloud_event<'a>(naming: &'a Naming, a: &'a Announcement) -> CloudEvent<'a> {
@@ -93,7 +131,7 @@ pub fn cloud_event<'a>(naming: &'a Naming, a: &'a Announcement) -> CloudEvent<'a
         id: &a.message_id,
         source: &naming.source,
         specversion: "1.0",
-        subject: format!("orders/{}", a.order_id),
+        subject: subject(a),
         time: &a.executed_at,
         kind: event_type(naming, a),
     }
@@ -107,9 +145,9 @@ pub struct EventGridEvent<'a> {
     data: Data<'a>,
     data_version: &'static str,
     event_time: &'a str,
-    event_type: String,
+    event_type: Shown<Joined<'a>>,
     id: &'a str,
-    subject: String,
+    subject: Shown<Joined<'a>>,
 }
 
 pub fn event_grid_event<'a>(naming: &'a Naming, a: &'a Announcement) -> EventGridEvent<'a> {
@@ -119,7 +157,7 @@ pub fn event_grid_event<'a>(naming: &'a Naming, a: &'a Announcement) -> EventGri
         event_time: &a.executed_at,
         event_type: event_type(naming, a),
         id: &a.message_id,
-        subject: format!("orders/{}", a.order_id),
+        subject: subject(a),
     }
 }
 
@@ -222,7 +260,7 @@ mod tests {
             "specversion": "1.0",
             "id": a.message_id,
             "source": naming.source,
-            "type": event_type(naming, a),
+            "type": format!("{}.{}", naming.type_prefix, a.kind),
             "subject": format!("orders/{}", a.order_id),
             "time": a.executed_at,
             "datacontenttype": "application/json",
@@ -235,7 +273,7 @@ mod tests {
         json!({
             "id": a.message_id,
             "subject": format!("orders/{}", a.order_id),
-            "eventType": event_type(naming, a),
+            "eventType": format!("{}.{}", naming.type_prefix, a.kind),
             "eventTime": a.executed_at,
             "data": earlier_data(a),
             "dataVersion": "1.0",
