@@ -241,12 +241,12 @@ async fn a_born_row_not_sent_is_deferred_and_sent_by_a_later_claim() {
         assert!(started.elapsed() < Duration::from_secs(30), "never marked");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Sent by a claim: the row holds the claim's token, not its birth's.
-    let token: String = rusqlite::Connection::open(dir.path().join("orders.db"))
+    // Sent by a claim: the row holds the claim's token (born, it held none).
+    let token: Option<String> = rusqlite::Connection::open(dir.path().join("orders.db"))
         .unwrap()
         .query_row("SELECT ClaimToken FROM Outbox", [], |r| r.get(0))
         .unwrap();
-    assert!(!token.starts_with("born-"), "{token}");
+    assert!(token.is_some(), "sent with no claim");
     running.abort();
 }
 
@@ -432,16 +432,11 @@ async fn serve_announces_what_it_executes_and_nothing_else() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Sent from memory, with no claim: each row still holds the lease it
-    // was born with (a claim writes a token of its own).
+    // Sent from memory, with no claim: no row holds a claim's token (a
+    // claim writes its own on every row it takes).
     let tokens = rows();
     assert_eq!(tokens.len(), 3, "{tokens:?}");
-    assert!(
-        tokens.iter().all(
-            |(t, _)| t.as_deref().is_some_and(|t| t.starts_with("born-")) && *t == tokens[0].0
-        ),
-        "{tokens:?}"
-    );
+    assert!(tokens.iter().all(|(t, _)| t.is_none()), "{tokens:?}");
     // Nothing waits; the CLI says so.
     let out = std::process::Command::new(common::handler_binary())
         .args(["outbox", "list"])

@@ -427,7 +427,7 @@ mod suite {
         };
         // Another claim's token defers nothing.
         store
-            .defer_announcement(&second.token, &failed)
+            .defer_announcement(Some(&second.token), &failed)
             .await
             .unwrap();
         let row = announcement_of(store.as_ref(), &orders[1].order_id)
@@ -435,7 +435,7 @@ mod suite {
             .unwrap();
         assert_eq!(row.attempts, 0, "deferred under another claim's token");
         store
-            .defer_announcement(&first.token, &failed)
+            .defer_announcement(Some(&first.token), &failed)
             .await
             .unwrap();
         let row = announcement_of(store.as_ref(), &orders[1].order_id)
@@ -453,7 +453,7 @@ mod suite {
             park: true,
         };
         store
-            .defer_announcement(&first.token, &parked)
+            .defer_announcement(Some(&first.token), &parked)
             .await
             .unwrap();
         let third = store.claim_announcements(10_000, lease).await.unwrap();

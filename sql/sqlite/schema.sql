@@ -76,7 +76,9 @@ SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM StoreIdentity)
 -- RETURNING). It is kept: an earlier version on the same file (a rolling
 -- deploy, a rollback, an older CLI) reads by it, and its migrate would
 -- rebuild it over the whole table under the write lock (docs/benchmarks.md,
--- "Where the writer's CPU goes"). UX_Outbox_MessageId serves the
+-- "Where the writer's CPU goes"). A row born leased to its process's
+-- dispatcher has no token (NULL until a claim takes it), so it never goes
+-- into this index. UX_Outbox_MessageId serves the
 -- dispatcher's mark and defer, both of undispatched rows. All four are
 -- partial, each over the rows its queries read (whose filters imply its
 -- own): a new row goes only into the small indexes of undispatched rows,

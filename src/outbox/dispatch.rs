@@ -212,7 +212,7 @@ impl Dispatcher {
     pub async fn round(&self) -> Result<Round, StoreError> {
         let s = &self.settings;
         let claim = self.store.claim_announcements(s.batch, s.lease).await?;
-        self.send(claim.rows, &claim.token, s.lease / 2).await
+        self.send(claim.rows, Some(&claim.token), s.lease / 2).await
     }
 
     /// A round of the rows this process executed, born leased to it
@@ -223,7 +223,7 @@ impl Dispatcher {
         let taken = handoff.take(self.settings.batch as usize);
         let count = taken.len();
         let (rows, within) = sendable(taken, Instant::now(), handoff.lease);
-        let round = self.send(rows, &handoff.token, within).await?;
+        let round = self.send(rows, None, within).await?;
         Ok(Round {
             claimed: count,
             ..round
@@ -247,12 +247,13 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// Send `rows`, held under `token`'s lease, within `within`; mark the
-    /// sent in one call, defer each failed one.
+    /// Send `rows`, held under a claim's `token` (or, `None`, since their
+    /// birth), within `within`; mark the sent in one call, defer each
+    /// failed one.
     async fn send(
         &self,
         rows: Vec<Announcement>,
-        token: &str,
+        token: Option<&str>,
         within: Duration,
     ) -> Result<Round, StoreError> {
         let s = &self.settings;

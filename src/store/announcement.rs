@@ -105,7 +105,7 @@ pub struct Claim {
 
 /// Announcements handed from a store's `execute` to its process's
 /// dispatcher (`OrderStore::hand_over_announcements`): each row is written
-/// already leased to [`Handoff::token`] for [`Handoff::lease`], in the
+/// already leased for [`Handoff::lease`] (under no claim's token), in the
 /// transaction that executes its order, and handed over here once that
 /// transaction has committed. The dispatcher sends it as it is, with no
 /// claim: on SQLite a claim rewrote every row of its round, and its
@@ -119,8 +119,6 @@ pub struct Claim {
 /// ends. The lease column, not this memory, keeps one dispatcher per row.
 #[derive(Debug)]
 pub struct Handoff {
-    /// Written on every row born here (`ClaimToken`): a deferral names it.
-    pub token: String,
     /// How long a row is born leased.
     pub lease: Duration,
     born: Mutex<VecDeque<Birth>>,
@@ -144,7 +142,6 @@ impl Handoff {
 
     pub fn new(lease: Duration) -> Handoff {
         Handoff {
-            token: format!("born-{}", uuid::Uuid::new_v4()),
             lease,
             born: Mutex::new(VecDeque::new()),
             refused: AtomicU64::new(0),
@@ -298,7 +295,6 @@ mod tests {
     #[test]
     fn a_full_hand_off_refuses_and_counts_a_row_and_take_gives_a_rounds_worth() {
         let h = Handoff::new(Duration::from_secs(30));
-        assert!(h.token.starts_with("born-"));
         let birth = Birth {
             row: Announcement::sample("o"),
             leased_until: Instant::now(),

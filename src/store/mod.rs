@@ -359,8 +359,14 @@ pub trait OrderStore: Send + Sync {
 
     /// A send failed: count it, keep why, and make the row claimable again
     /// after `retry_in` (or park it for an operator). Only while the row is
-    /// still under `token` (a claim's, or the hand-off's it was born under).
-    async fn defer_announcement(&self, token: &str, deferral: &Deferral) -> Result<(), StoreError>;
+    /// still held as its sender held it: under `Some(token)`, a claim's, or
+    /// `None` for a row born leased to this process ([`Handoff`]) that no
+    /// claim has taken since.
+    async fn defer_announcement(
+        &self,
+        token: Option<&str>,
+        deferral: &Deferral,
+    ) -> Result<(), StoreError>;
 
     /// Delete up to `limit` announcements dispatched more than `retention`
     /// ago, oldest first, in one short transaction; answers how many. One

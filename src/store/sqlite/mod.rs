@@ -505,9 +505,7 @@ impl OrderStore for SqliteStore {
             // The announcement, in the same commit as the execution; born
             // leased to this process's dispatcher when it runs, its lease
             // timed from the call's instant both in the row and here.
-            let born = born_to
-                .as_ref()
-                .map(|h| (h.token.as_str(), instant_text(at + h.lease)));
+            let born = born_to.as_ref().map(|h| instant_text(at + h.lease));
             let row = outbox::announce(conn, &o, next, &now, born, fresh)?;
             let birth = row.zip(born_to).map(|(row, h)| Birth {
                 row,
@@ -597,9 +595,13 @@ impl OrderStore for SqliteStore {
             .await
     }
 
-    async fn defer_announcement(&self, token: &str, deferral: &Deferral) -> Result<(), StoreError> {
-        let (t, d) = (token.to_string(), deferral.clone());
-        self.with_relaxed(move |conn| outbox::defer(conn, &t, &d))
+    async fn defer_announcement(
+        &self,
+        token: Option<&str>,
+        deferral: &Deferral,
+    ) -> Result<(), StoreError> {
+        let (t, d) = (token.map(str::to_string), deferral.clone());
+        self.with_relaxed(move |conn| outbox::defer(conn, t.as_deref(), &d))
             .await
     }
 
@@ -820,20 +822,26 @@ mod tests {
             ["before"],
             "the born row is leased to its dispatcher"
         );
-        // Its lease is the hand-off's token: a deferral under it applies
-        // (and makes it claimable now), and the claim then reads the same row.
+        // Held since its birth, under no claim's token: a claim's token
+        // defers nothing; a deferral as its birth's holder (no token)
+        // applies (and makes it claimable now), and the claim then reads
+        // the same row.
+        let deferral = Deferral {
+            message_id: born.message_id.clone(),
+            error: "503".into(),
+            retry_in: Duration::ZERO,
+            park: false,
+        };
         store
-            .defer_announcement(
-                &handoff.token,
-                &Deferral {
-                    message_id: born.message_id.clone(),
-                    error: "503".into(),
-                    retry_in: Duration::ZERO,
-                    park: false,
-                },
-            )
+            .defer_announcement(Some(&claim.token), &deferral)
             .await
             .unwrap();
+        let still = store.claim_announcements(10, lease).await.unwrap();
+        assert!(
+            still.rows.is_empty(),
+            "deferred under another's token: {still:?}"
+        );
+        store.defer_announcement(None, &deferral).await.unwrap();
         let reclaimed = store.claim_announcements(10, lease).await.unwrap();
         assert_eq!(reclaimed.rows.len(), 1, "{reclaimed:?}");
         let again = &reclaimed.rows[0];

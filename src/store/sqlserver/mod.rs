@@ -717,8 +717,20 @@ impl OrderStore for SqlServerStore {
         })
     }
 
-    async fn defer_announcement(&self, token: &str, deferral: &Deferral) -> Result<(), StoreError> {
+    async fn defer_announcement(
+        &self,
+        token: Option<&str>,
+        deferral: &Deferral,
+    ) -> Result<(), StoreError> {
         self.schema_gate("defer an announcement")?;
+        // This store hands nothing over (`hand_over_announcements` is
+        // `None`): its rows are sent only by claims, each under a token.
+        let Some(token) = token else {
+            return Err(StoreError::Permanent(format!(
+                "announcement {}: SQL Server's rows are never born leased; a deferral names its claim's token",
+                deferral.message_id
+            )));
+        };
         with_client!(
             self,
             "defer an announcement",
