@@ -223,6 +223,8 @@ impl Dispatcher {
         let taken = handoff.take(self.settings.batch as usize);
         let count = taken.len();
         let (rows, within) = sendable(taken, Instant::now(), handoff.lease);
+        // No token: these rows are this process's own births, which no
+        // claim has taken (a claim that took one over wins its defer).
         let round = self.send(rows, None, within).await?;
         Ok(Round {
             claimed: count,

@@ -12,8 +12,9 @@
 //! fields declared in the byte order of their names: the order in which
 //! earlier versions, which built a `Value`, wrote them. A copy sent by this
 //! version and one sent by an earlier one carry the same bytes (tested).
-//! Composite and decimal fields are written from their parts as they are
-//! serialised ([`Shown`]), not made into a `String` first.
+//! The type, the subject and the quantity are written from their parts as
+//! they are serialised ([`Shown`]), not made into a `String` first (a
+//! position's `Display` still builds its text).
 
 use std::fmt;
 

@@ -867,6 +867,49 @@ mod tests {
         ));
     }
 
+    /// A born row whose lease ended and which a claim then took is the
+    /// claim's: the process it was born to (deferring with no token) no
+    /// longer holds it and defers nothing; the claim's own defer applies.
+    #[tokio::test]
+    async fn a_born_row_a_claim_took_over_is_not_deferred_by_the_process_it_was_born_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = migrated(&dir.path().join("orders.db"), Duration::from_secs(5)).await;
+        // A lease of zero: the row is claimable as soon as it is written.
+        let handoff = store.hand_over_announcements(Duration::ZERO).unwrap();
+        let placed = Order::from_data(&serde_json::json!({
+            "orderId": "taken-over", "accountId": "acct", "side": "buy",
+            "symbol": "MSFT", "quantity": "1"
+        }))
+        .expect("an order");
+        store.execute(&placed, "e", "{}").await.unwrap();
+        let born = handoff.take(usize::MAX).pop().expect("handed over").row;
+        let claim = store
+            .claim_announcements(10, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(claim.rows.len(), 1, "{claim:?}");
+        let deferral = Deferral {
+            message_id: born.message_id.clone(),
+            error: "503".into(),
+            retry_in: Duration::ZERO,
+            park: false,
+        };
+        let attempts = || async {
+            store
+                .announcements(&crate::store::Listing::Order("taken-over".into()), 1)
+                .await
+                .unwrap()[0]
+                .attempts
+        };
+        store.defer_announcement(None, &deferral).await.unwrap();
+        assert_eq!(attempts().await, 0, "deferred by a holder it no longer has");
+        store
+            .defer_announcement(Some(&claim.token), &deferral)
+            .await
+            .unwrap();
+        assert_eq!(attempts().await, 1, "the claim's defer");
+    }
+
     /// The claim is one `UPDATE … RETURNING`: it hands back exactly the
     /// rows it leased, the oldest due first, no more than its limit, in
     /// `Seq` order; rows under another claim's lease are not handed back.
