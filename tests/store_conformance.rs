@@ -394,13 +394,18 @@ mod suite {
             store.execute(o, "e", "{}").await.unwrap();
         }
         let ids: Vec<String> = orders.iter().map(|o| message_id(&o.order_id)).collect();
-        let mine = |claim: &Claim| -> Vec<String> {
+        // The rows of these orders a claim gave (the mark takes those), and
+        // their ids.
+        let rows_of = |claim: &Claim| -> Vec<Announcement> {
             claim
                 .rows
                 .iter()
                 .filter(|r| ids.contains(&r.message_id))
-                .map(|r| r.message_id.clone())
+                .cloned()
                 .collect()
+        };
+        let mine = |claim: &Claim| -> Vec<String> {
+            rows_of(claim).into_iter().map(|r| r.message_id).collect()
         };
         let lease = Duration::from_secs(60);
         // Other checks' rows may share this database: claim them all.
@@ -411,8 +416,9 @@ mod suite {
         assert_ne!(first.token, second.token);
 
         // Sent: marked, once.
-        assert_eq!(store.mark_announced(&ids[..1]).await.unwrap(), 1);
-        assert_eq!(store.mark_announced(&ids[..1]).await.unwrap(), 0);
+        let claimed = rows_of(&first);
+        assert_eq!(store.mark_announced(&claimed[..1]).await.unwrap(), 1);
+        assert_eq!(store.mark_announced(&claimed[..1]).await.unwrap(), 0);
         let sent = announcement_of(store.as_ref(), &orders[0].order_id)
             .await
             .unwrap();
@@ -477,7 +483,12 @@ mod suite {
         assert_eq!(store.retry_announcements(Some(&ids[2])).await.unwrap(), 1);
         let fourth = store.claim_announcements(10_000, lease).await.unwrap();
         assert_eq!(mine(&fourth), vec![ids[2].clone()]);
-        assert_eq!(store.mark_announced(&ids[1..]).await.unwrap(), 2);
+        let rest = [rows_of(&third), rows_of(&fourth)].concat();
+        assert_eq!(
+            rest.iter().map(|r| &r.message_id).collect::<Vec<_>>(),
+            ids[1..].iter().collect::<Vec<_>>()
+        );
+        assert_eq!(store.mark_announced(&rest).await.unwrap(), 2);
 
         // The retention: nothing dispatched a day ago here; everything
         // dispatched before now goes, and nothing undispatched ever.

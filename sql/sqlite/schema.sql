@@ -79,7 +79,8 @@ SELECT lower(hex(randomblob(16))) WHERE NOT EXISTS (SELECT 1 FROM StoreIdentity)
 -- "Where the writer's CPU goes"). A row born leased to its process's
 -- dispatcher has no token (NULL until a claim takes it), so it never goes
 -- into this index. UX_Outbox_MessageId serves the
--- dispatcher's mark and defer, both of undispatched rows. All four are
+-- dispatcher's defer (and earlier versions' mark; this one's finds its
+-- rows by Seq), both of undispatched rows. All four are
 -- partial, each over the rows its queries read (whose filters imply its
 -- own): a new row goes only into the small indexes of undispatched rows,
 -- where full ones put it into indexes of every row kept (at the far left,

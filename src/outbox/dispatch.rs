@@ -284,7 +284,7 @@ impl Dispatcher {
         let mut failed = Vec::new();
         for (row, result) in results {
             match result {
-                Ok(()) => sent.push(row.message_id),
+                Ok(()) => sent.push(row),
                 Err(failure) => failed.push((row, failure)),
             }
         }

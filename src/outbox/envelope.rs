@@ -163,8 +163,12 @@ pub fn event_grid_event<'a>(naming: &'a Naming, a: &'a Announcement) -> EventGri
 }
 
 /// An event's text. Strings and integers only: serialising cannot fail.
+/// Written into room for a typical event from the start (about 600 bytes),
+/// not grown from a few dozen bytes by copies.
 pub fn to_text(event: &impl Serialize) -> String {
-    serde_json::to_string(event).expect("an event of strings and integers serialises")
+    let mut text = Vec::with_capacity(1024);
+    serde_json::to_writer(&mut text, event).expect("an event of strings and integers serialises");
+    String::from_utf8(text).expect("serde_json writes UTF-8")
 }
 
 #[cfg(test)]

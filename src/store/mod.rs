@@ -353,9 +353,10 @@ pub trait OrderStore: Send + Sync {
     /// new token, so no other dispatcher claims them until it runs out.
     async fn claim_announcements(&self, limit: u32, lease: Duration) -> Result<Claim, StoreError>;
 
-    /// Mark these announcements dispatched, in one call (one round trip,
-    /// one commit); answers how many were still undispatched.
-    async fn mark_announced(&self, message_ids: &[String]) -> Result<u64, StoreError>;
+    /// Mark these announcements (as a claim or a hand-off gave them)
+    /// dispatched, in one call (one round trip, one commit); answers how
+    /// many were still undispatched.
+    async fn mark_announced(&self, sent: &[Announcement]) -> Result<u64, StoreError>;
 
     /// A send failed: count it, keep why, and make the row claimable again
     /// after `retry_in` (or park it for an operator). Only while the row is

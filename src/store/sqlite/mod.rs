@@ -589,9 +589,9 @@ impl OrderStore for SqliteStore {
         Ok(Claim { token, rows })
     }
 
-    async fn mark_announced(&self, message_ids: &[String]) -> Result<u64, StoreError> {
-        let ids = message_ids.to_vec();
-        self.with_relaxed(move |conn| outbox::mark(conn, &ids))
+    async fn mark_announced(&self, sent: &[Announcement]) -> Result<u64, StoreError> {
+        let seqs: Vec<i64> = sent.iter().map(|a| a.seq).collect();
+        self.with_relaxed(move |conn| outbox::mark(conn, &seqs))
             .await
     }
 

@@ -155,24 +155,27 @@ pub(super) fn claim(
     Ok(rows)
 }
 
-/// The mark of the rows whose message ids `?2` lists (a JSON array) at
-/// `?1` (now), among undispatched rows (the filter that lets it use the
-/// message id's partial index: `schema::tests`). One statement for a
-/// round's rows: one per row spent more in starting, binding and ending
-/// statements than in the rows' update (callgrind).
+/// The mark of the rows whose `Seq` `?2` lists (a JSON array) at `?1`
+/// (now), among undispatched rows. One statement for a round's rows (one a
+/// row spent more in starting, binding and ending statements than in the
+/// rows' update), each found by its place in the table, not through the
+/// message id's index (a seek and a set the less per row: callgrind,
+/// docs/benchmarks.md). A `Seq` names one row for good: the sender holds
+/// an undispatched row, which nothing deletes, and a new row takes a `Seq`
+/// past every one kept.
 pub(super) fn mark_sql() -> String {
     "UPDATE Outbox SET DispatchedAt = ?1, LeaseUntil = ?1
-      WHERE MessageId IN (SELECT value FROM json_each(?2)) AND DispatchedAt IS NULL"
+      WHERE Seq IN (SELECT value FROM json_each(?2)) AND DispatchedAt IS NULL"
         .to_string()
 }
 
-pub(super) fn mark(conn: &Connection, ids: &[String]) -> Result<u64, rusqlite::Error> {
-    if ids.is_empty() {
+pub(super) fn mark(conn: &Connection, seqs: &[i64]) -> Result<u64, rusqlite::Error> {
+    if seqs.is_empty() {
         return Ok(0);
     }
     let now = super::instant_text(std::time::SystemTime::now());
-    let ids = serde_json::to_string(ids).expect("strings serialise");
-    let marked = conn.prepare_cached(&mark_sql())?.execute([&now, &ids])?;
+    let seqs = serde_json::to_string(seqs).expect("integers serialise");
+    let marked = conn.prepare_cached(&mark_sql())?.execute([&now, &seqs])?;
     Ok(marked as u64)
 }
 

@@ -127,16 +127,26 @@ mod tests {
             purge.contains("IX_Outbox_DispatchedAt"),
             "the purge: {purge}"
         );
-        // The dispatcher's mark and defer, as outbox.rs prepares them (an
-        // earlier version's carry the same filter): by message id among
-        // undispatched rows.
+        // The dispatcher's defer, as outbox.rs prepares it, and an earlier
+        // version's mark: by message id among undispatched rows. This
+        // version's mark finds its rows by `Seq`.
         for (what, query) in [
-            ("the mark", super::super::outbox::mark_sql()),
             ("the defer", super::super::outbox::defer_sql()),
+            (
+                "an earlier version's mark",
+                "UPDATE Outbox SET DispatchedAt = ?2, LeaseUntil = ?2
+                  WHERE MessageId = ?1 AND DispatchedAt IS NULL"
+                    .to_string(),
+            ),
         ] {
             let by_id = plan(&conn, &query);
             assert!(by_id.contains("UX_Outbox_MessageId"), "{what}: {by_id}");
         }
+        let mark = plan(&conn, &super::super::outbox::mark_sql());
+        assert!(
+            mark.contains("USING INTEGER PRIMARY KEY"),
+            "the mark: {mark}"
+        );
         let read_back = plan(
             &conn,
             "SELECT Seq FROM Outbox WHERE ClaimToken = 'c' AND DispatchedAt IS NULL ORDER BY Seq",

@@ -710,10 +710,10 @@ impl OrderStore for SqlServerStore {
         Ok(Claim { token, rows })
     }
 
-    async fn mark_announced(&self, message_ids: &[String]) -> Result<u64, StoreError> {
+    async fn mark_announced(&self, sent: &[Announcement]) -> Result<u64, StoreError> {
         self.schema_gate("mark announcements")?;
         with_client!(self, "mark announcements", self.query_timeout, |client| {
-            outbox::mark(client, message_ids)
+            outbox::mark(client, sent)
         })
     }
 

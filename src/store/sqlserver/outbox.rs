@@ -75,15 +75,18 @@ pub(super) async fn claim(
     rows(result.last().map_or(&[][..], Vec::as_slice))
 }
 
+/// The mark, by message id (the rows' unique key here).
 pub(super) async fn mark(
     client: &mut Client,
-    ids: &[String],
+    sent: &[Announcement],
 ) -> Result<u64, tiberius::error::Error> {
     let mut marked = 0;
-    for chunk in ids.chunks(sql::MARK_AT_MOST) {
+    for chunk in sent.chunks(sql::MARK_AT_MOST) {
         let statement = sql::mark_announced(chunk.len());
-        let params: Vec<&dyn tiberius::ToSql> =
-            chunk.iter().map(|id| id as &dyn tiberius::ToSql).collect();
+        let params: Vec<&dyn tiberius::ToSql> = chunk
+            .iter()
+            .map(|a| &a.message_id as &dyn tiberius::ToSql)
+            .collect();
         marked += last_count(client.query(statement, &params).await?).await?;
     }
     Ok(marked)
