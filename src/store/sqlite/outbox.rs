@@ -181,7 +181,8 @@ pub(super) fn mark(conn: &Connection, seqs: &[i64]) -> Result<u64, rusqlite::Err
 
 /// The defer of one row still held where its send failed: by a claim
 /// (`?2` its token) or since its birth (`?2` NULL: no claim has taken it
-/// since), by message id among undispatched rows (as [`mark_sql`]).
+/// since), by message id among undispatched rows (the filter that lets it
+/// use the message id's partial index: `schema::tests`).
 pub(super) fn defer_sql() -> String {
     format!(
         "UPDATE Outbox SET Attempts = Attempts + 1, LastError = ?3,
