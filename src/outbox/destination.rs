@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::stream::{self, StreamExt};
 use tokio::time::Instant;
 
-use super::envelope::{cloud_event, event_grid_event, to_text, Naming};
+use super::envelope::{event_text, Form, Naming};
 use super::queue::{QueueDestination, QueueSettings};
 use super::topic::{Schema, TopicDestination, TopicSettings};
 use crate::store::Announcement;
@@ -115,9 +115,9 @@ impl Destination {
     fn event(&self, naming: &Naming, row: &Announcement) -> String {
         match self {
             Destination::Topic(t) if t.schema() == Schema::EventGrid => {
-                to_text(&event_grid_event(naming, row))
+                event_text(Form::EventGrid, naming, row)
             }
-            _ => to_text(&cloud_event(naming, row)),
+            _ => event_text(Form::CloudEvent, naming, row),
         }
     }
 
