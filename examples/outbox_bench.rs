@@ -14,9 +14,12 @@
 //!   the median of the pairs' changes in rate (with quartiles), CPU per
 //!   order and the SQLite writer's share of it, the queue service's own
 //!   CPU, and latencies at a steady 500 orders/s; target: within 10 %; against
-//!   the queue and against an Event Grid topic (the tests' contract
-//!   endpoint, `tests/common/event_grid.rs`, on a thread of its own on the
-//!   other CPU), both packed: one request a round;
+//!   the queue, against the same queue client's sink (an endpoint that takes
+//!   every message and does nothing, on a thread of its own on the other
+//!   CPU: the client's share of the queue's cost, without the emulator's)
+//!   and against an Event Grid topic (the tests' contract endpoint,
+//!   `tests/common/event_grid.rs`, on the other CPU too), all packed: one
+//!   request a round;
 //! - **a million rows**: first-delivery rate with an empty outbox and
 //!   with a million dispatched rows past the retention in it (on SQLite
 //!   two files, in interleaved rounds), `status`'s
@@ -227,6 +230,64 @@ impl TopicOnItsOwnCpu {
             .recv_timeout(Duration::from_secs(10))
             .context("the topic endpoint did not start")?;
         Ok(TopicOnItsOwnCpu { endpoint, key })
+    }
+}
+
+/// A queue endpoint that takes every `Put Message` and does nothing with
+/// it (201 once the body is read), on a thread of its own on the other
+/// CPU: the queue client's cost with no queue service's work beside it, to
+/// tell this process's share of the queue's cost from the emulator's.
+struct QueueSinkOnItsOwnCpu {
+    port: u16,
+}
+
+impl QueueSinkOnItsOwnCpu {
+    fn start() -> anyhow::Result<QueueSinkOnItsOwnCpu> {
+        use warp::Filter;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = pinned_cpus().map(|(_, other)| other);
+        std::thread::Builder::new()
+            .name("queue-sink".into())
+            .spawn(move || {
+                if let Some(cpu) = other {
+                    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
+                    unsafe {
+                        let mut set: libc::cpu_set_t = std::mem::zeroed();
+                        libc::CPU_SET(cpu, &mut set);
+                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                    }
+                }
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("the sink's runtime");
+                rt.block_on(async {
+                    let put = warp::post()
+                        .and(warp::body::bytes())
+                        .map(|_body: bytes::Bytes| {
+                            warp::reply::with_status("", warp::http::StatusCode::CREATED)
+                        });
+                    let (addr, server) = warp::serve(put).bind_ephemeral(([127, 0, 0, 1], 0));
+                    let _ = tx.send(addr.port());
+                    server.await;
+                });
+            })?;
+        let port = rx
+            .recv_timeout(Duration::from_secs(10))
+            .context("the queue sink did not start")?;
+        Ok(QueueSinkOnItsOwnCpu { port })
+    }
+
+    fn settings(&self) -> anyhow::Result<QueueSettings> {
+        let cs = format!(
+            "DefaultEndpointsProtocol=http;AccountName={EMULATOR_ACCOUNT};AccountKey={EMULATOR_KEY};QueueEndpoint=http://127.0.0.1:{}/{EMULATOR_ACCOUNT}/;",
+            self.port
+        );
+        Ok(QueueSettings {
+            storage: parse_storage_of(&cs, Service::Queue).map_err(anyhow::Error::msg)?,
+            queue: "sink".into(),
+            encoding: Encoding::Base64,
+        })
     }
 }
 
@@ -1111,6 +1172,17 @@ async fn announcing(n: usize) -> anyhow::Result<()> {
         "Azurite queue",
         Destination::Queue(QueueDestination::new(queue.settings("cost")?)),
         Some(queue.child.id()),
+        (n / 8).max(50),
+        COST_ROUNDS,
+    )
+    .await?;
+    // The same client against an endpoint that does no queue's work: what
+    // of the queue's cost is this process's, and what the emulator's.
+    let sink = QueueSinkOnItsOwnCpu::start()?;
+    cost(
+        "queue client, sink endpoint (no queue service)",
+        Destination::Queue(QueueDestination::new(sink.settings()?)),
+        None,
         (n / 8).max(50),
         COST_ROUNDS,
     )
