@@ -343,8 +343,8 @@ fn process_cpu(pid: u32) -> Duration {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return Duration::ZERO;
     };
-    // After the command's name, in parentheses: utime and stime are the
-    // 12th and 13th fields.
+    // utime and stime are the line's 14th and 15th fields: the 12th and
+    // 13th after the command's name (in parentheses, maybe with spaces).
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest.split_whitespace().collect())
@@ -1158,8 +1158,9 @@ async fn path(n: usize, mode: &str, k: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Rounds of first deliveries in the cost phase, half with dispatch on:
-/// many short ones, so that one pair's two rounds meet the same machine.
+/// Pairs of rounds of first deliveries in the cost phase, one round with
+/// dispatch on and one off: many short pairs, so that one pair's two
+/// rounds meet the same machine.
 const COST_ROUNDS: usize = 20;
 
 /// Every phase but the million rows': latency, throughput and cost.

@@ -55,8 +55,8 @@ const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 /// to each column that records it, rather than run `strftime` in each
 /// statement: SQLite's `strftime` cost about 5 000 instructions a call, six
 /// a first delivery and two a row marked (callgrind, docs/benchmarks.md).
-/// Written by `humantime` (digits into a buffer: a tenth of the 3 300
-/// instructions that `time`'s parts through `format!` cost, twice a first
+/// Written by `humantime` (digits into a buffer: about 700 instructions,
+/// where `time`'s parts through `format!` cost 3 300, twice a first
 /// delivery with dispatch on); `time` writes the instants `humantime` does
 /// not take (before 1970, past 9999: a clock that far off).
 fn instant_text(at: SystemTime) -> String {

@@ -173,14 +173,14 @@ pub(super) fn mark_sql() -> String {
 
 /// The runs of consecutive numbers in `seqs`, each as its first and last,
 /// in order (duplicates counted once).
-pub(super) fn runs(seqs: &[i64]) -> Vec<(i64, i64)> {
+fn runs(seqs: &[i64]) -> Vec<(i64, i64)> {
     let mut sorted = seqs.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
     let mut runs: Vec<(i64, i64)> = Vec::new();
     for seq in sorted {
         match runs.last_mut() {
-            Some((_, last)) if *last + 1 == seq => *last = seq,
+            Some((_, last)) if last.checked_add(1) == Some(seq) => *last = seq,
             _ => runs.push((seq, seq)),
         }
     }
@@ -311,5 +311,9 @@ mod tests {
             "unordered, with a row held back between runs"
         );
         assert_eq!(runs(&[4, 4, 5]), vec![(4, 5)], "a duplicate counted once");
+        assert_eq!(
+            runs(&[i64::MAX - 1, i64::MAX]),
+            vec![(i64::MAX - 1, i64::MAX)]
+        );
     }
 }
