@@ -193,8 +193,48 @@ impl Drop for QueueService {
     }
 }
 
-/// The tests' Event Grid contract endpoint, served by a thread of its own
-/// on the other CPU (as Azurite is): the endpoint's CPU is not the outbox's.
+/// Pins the calling thread (and the threads it starts) to `cpu`.
+fn pin_to(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// An endpoint `serve` runs on a thread named `name`, pinned to the other
+/// CPU when there are two (as Azurite is: the endpoint's CPU is not the
+/// outbox's), on a runtime of its own, until the process ends. `serve`
+/// sends what the bench needs to reach it (its address) once it listens.
+fn on_the_other_cpu<T, F, Fut>(name: &str, serve: F) -> anyhow::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce(std::sync::mpsc::Sender<T>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    let other = pinned_cpus().map(|(_, other)| other);
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            if let Some(cpu) = other {
+                pin_to(cpu).expect("pinning the endpoint's thread");
+            }
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("the endpoint's runtime")
+                .block_on(serve(tx));
+        })?;
+    rx.recv_timeout(Duration::from_secs(10))
+        .with_context(|| format!("{name} did not start"))
+}
+
+/// The tests' Event Grid contract endpoint, on the other CPU.
 struct TopicOnItsOwnCpu {
     endpoint: String,
     key: String,
@@ -202,41 +242,20 @@ struct TopicOnItsOwnCpu {
 
 impl TopicOnItsOwnCpu {
     fn start() -> anyhow::Result<TopicOnItsOwnCpu> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let other = pinned_cpus().map(|(_, other)| other);
-        std::thread::Builder::new()
-            .name("topic-endpoint".into())
-            .spawn(move || {
-                if let Some(cpu) = other {
-                    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
-                    unsafe {
-                        let mut set: libc::cpu_set_t = std::mem::zeroed();
-                        libc::CPU_SET(cpu, &mut set);
-                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-                    }
-                }
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("the endpoint's runtime");
-                rt.block_on(async {
-                    let topic = event_grid::EventGridTopic::start("bench-key", false).await;
-                    let _ = tx.send((topic.endpoint(), topic.key().to_string()));
-                    // Served until the process ends.
-                    std::future::pending::<()>().await;
-                });
-            })?;
-        let (endpoint, key) = rx
-            .recv_timeout(Duration::from_secs(10))
-            .context("the topic endpoint did not start")?;
+        let (endpoint, key) = on_the_other_cpu("topic-endpoint", |tx| async move {
+            let topic = event_grid::EventGridTopic::start("bench-key", false).await;
+            let _ = tx.send((topic.endpoint(), topic.key().to_string()));
+            // Served until the process ends.
+            std::future::pending::<()>().await;
+        })?;
         Ok(TopicOnItsOwnCpu { endpoint, key })
     }
 }
 
 /// A queue endpoint that takes every `Put Message` and does nothing with
-/// it (201 once the body is read), on a thread of its own on the other
-/// CPU: the queue client's cost with no queue service's work beside it, to
-/// tell this process's share of the queue's cost from the emulator's.
+/// it (201 once the body is read), on the other CPU: the queue client's
+/// cost with no queue service's work beside it, to tell this process's
+/// share of the queue's cost from the emulator's.
 struct QueueSinkOnItsOwnCpu {
     port: u16,
 }
@@ -244,37 +263,16 @@ struct QueueSinkOnItsOwnCpu {
 impl QueueSinkOnItsOwnCpu {
     fn start() -> anyhow::Result<QueueSinkOnItsOwnCpu> {
         use warp::Filter;
-        let (tx, rx) = std::sync::mpsc::channel();
-        let other = pinned_cpus().map(|(_, other)| other);
-        std::thread::Builder::new()
-            .name("queue-sink".into())
-            .spawn(move || {
-                if let Some(cpu) = other {
-                    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
-                    unsafe {
-                        let mut set: libc::cpu_set_t = std::mem::zeroed();
-                        libc::CPU_SET(cpu, &mut set);
-                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-                    }
-                }
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("the sink's runtime");
-                rt.block_on(async {
-                    let put = warp::post()
-                        .and(warp::body::bytes())
-                        .map(|_body: bytes::Bytes| {
-                            warp::reply::with_status("", warp::http::StatusCode::CREATED)
-                        });
-                    let (addr, server) = warp::serve(put).bind_ephemeral(([127, 0, 0, 1], 0));
-                    let _ = tx.send(addr.port());
-                    server.await;
+        let port = on_the_other_cpu("queue-sink", |tx| async move {
+            let put = warp::post()
+                .and(warp::body::bytes())
+                .map(|_body: bytes::Bytes| {
+                    warp::reply::with_status("", warp::http::StatusCode::CREATED)
                 });
-            })?;
-        let port = rx
-            .recv_timeout(Duration::from_secs(10))
-            .context("the queue sink did not start")?;
+            let (addr, server) = warp::serve(put).bind_ephemeral(([127, 0, 0, 1], 0));
+            let _ = tx.send(addr.port());
+            server.await;
+        })?;
         Ok(QueueSinkOnItsOwnCpu { port })
     }
 
@@ -1035,14 +1033,7 @@ fn main() -> anyhow::Result<()> {
     match pinned_cpus() {
         Some((mine, queue)) => {
             // Before the runtime's threads exist: they inherit it.
-            // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(mine, &mut set);
-                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                    bail!("sched_setaffinity: {}", std::io::Error::last_os_error());
-                }
-            }
+            pin_to(mine).context("sched_setaffinity")?;
             println!(
                 "outbox bench: this process on CPU {mine}, Azurite's queue service on CPU {queue}"
             );

@@ -236,9 +236,7 @@ impl Text {
         if s.bytes().any(needs_escape) {
             self.serde(&s);
         } else {
-            self.0.push(b'"');
-            self.0.extend_from_slice(s.as_bytes());
-            self.0.push(b'"');
+            self.quoted(&[s]);
         }
     }
 
@@ -247,12 +245,17 @@ impl Text {
         if a.bytes().chain(b.bytes()).any(needs_escape) {
             self.serde(&Shown(Joined(a, separator, b)));
         } else {
-            self.0.push(b'"');
-            for part in [a, separator, b] {
-                self.0.extend_from_slice(part.as_bytes());
-            }
-            self.0.push(b'"');
+            self.quoted(&[a, separator, b]);
         }
+    }
+
+    /// `parts`, which need no escape, as one JSON string.
+    fn quoted(&mut self, parts: &[&str]) {
+        self.0.push(b'"');
+        for part in parts {
+            self.0.extend_from_slice(part.as_bytes());
+        }
+        self.0.push(b'"');
     }
 
     fn serde(&mut self, value: &impl Serialize) {
