@@ -149,6 +149,7 @@ impl QueueService {
             storage: parse_storage_of(&cs, Service::Queue).map_err(anyhow::Error::msg)?,
             queue: queue.into(),
             encoding: Encoding::Base64,
+            message_ttl: None,
         })
     }
 
@@ -285,6 +286,7 @@ impl QueueSinkOnItsOwnCpu {
             storage: parse_storage_of(&cs, Service::Queue).map_err(anyhow::Error::msg)?,
             queue: "sink".into(),
             encoding: Encoding::Base64,
+            message_ttl: None,
         })
     }
 }
@@ -860,6 +862,7 @@ async fn retention_pass(
                 .map_err(anyhow::Error::msg)?,
             queue: "unused".into(),
             encoding: Encoding::Base64,
+            message_ttl: None,
         })),
         settings,
     );

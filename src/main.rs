@@ -74,8 +74,43 @@ enum OutboxAction {
         /// One announcement's message id (all when omitted).
         message_id: Option<String>,
     },
-    /// Send what is due now from this process, once, and say how many.
-    Dispatch,
+    /// Send what is due now from this process, once, to the destination
+    /// this shell's settings name, and mark it sent. Without --yes, says
+    /// where and how many, and does nothing.
+    Dispatch {
+        /// Send, and mark sent (the serving instances will not send them).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Make dispatched announcements due again, as they were (same id, same
+    /// sequence), for the serving instances to send: one, or every one
+    /// dispatched since a time (for a consumer that lost them). Without
+    /// --yes, says how many and does nothing.
+    Resend {
+        /// One announcement's message id.
+        #[arg(required_unless_present = "since", conflicts_with = "since")]
+        message_id: Option<String>,
+        /// Every one dispatched since this instant (RFC 3339, e.g.
+        /// 2026-12-01T00:00:00Z) or this long ago (e.g. 36h, 7days).
+        #[arg(long, value_parser = parse_since)]
+        since: Option<std::time::Duration>,
+        /// Make them due: consumers get a copy of each again.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// `--since`: an RFC 3339 instant or an age, as the age of that instant.
+fn parse_since(text: &str) -> Result<std::time::Duration, String> {
+    if let Ok(age) = humantime::parse_duration(text) {
+        return Ok(age);
+    }
+    let instant = humantime::parse_rfc3339_weak(text).map_err(|_| {
+        format!("expected an instant (2026-12-01T00:00:00Z) or an age (36h, 7days), got {text:?}")
+    })?;
+    std::time::SystemTime::now()
+        .duration_since(instant)
+        .map_err(|_| format!("{text} is in the future"))
 }
 
 #[derive(Subcommand)]
@@ -199,10 +234,46 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             println!("{n} announcements due now");
         }
         Command::Outbox {
-            action: OutboxAction::Dispatch,
+            action: OutboxAction::Dispatch { yes },
+        } => match app::outbox_dispatch(&config, yes).await? {
+            app::DispatchRun::Sent(n) => println!("{n} announcements dispatched"),
+            app::DispatchRun::Plan(plan) => {
+                println!("{plan}");
+                eprintln!("order-guard: nothing sent: run `order-guard outbox dispatch --yes` to send them");
+                return Ok(ExitCode::from(2));
+            }
+        },
+        Command::Outbox {
+            action:
+                OutboxAction::Resend {
+                    message_id,
+                    since,
+                    yes,
+                },
         } => {
-            let n = app::outbox_dispatch(&config).await?;
-            println!("{n} announcements dispatched");
+            let which = match (message_id, since) {
+                (Some(id), _) => order_guard::store::Resend::Message(id),
+                (None, Some(age)) => order_guard::store::Resend::DispatchedWithin(age),
+                (None, None) => unreachable!("clap requires one"),
+            };
+            let n = app::outbox_resend(&config, &which, yes).await?;
+            if !yes {
+                let what = match &which {
+                    order_guard::store::Resend::Message(id) => {
+                        format!("{n} dispatched announcement with the id {id}")
+                    }
+                    order_guard::store::Resend::DispatchedWithin(age) => format!(
+                        "the announcements dispatched in the last {} (of {n} dispatched kept)",
+                        humantime::format_duration(std::time::Duration::from_secs(age.as_secs()))
+                    ),
+                };
+                println!(
+                    "would make {what} due again, for the serving instances to send with the same ids and sequences"
+                );
+                eprintln!("order-guard: nothing changed: run again with --yes to resend them");
+                return Ok(ExitCode::from(2));
+            }
+            println!("{n} announcements due again, for the serving instances to send");
         }
         Command::PruneGuard { dry_run } => {
             let summary = app::prune_guard(&config, dry_run).await?;

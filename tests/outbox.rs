@@ -38,6 +38,7 @@ fn queue_settings(azurite: &Azurite, queue: &str) -> QueueSettings {
         .unwrap(),
         queue: queue.into(),
         encoding: Encoding::Base64,
+        message_ttl: None,
     }
 }
 
@@ -75,6 +76,44 @@ async fn execute_all(store: &Arc<dyn OrderStore>, orders: &[Order]) {
             store.execute(o, "e", "{}").await.unwrap(),
             Execution::Executed
         );
+    }
+}
+
+/// A message outlives the row it announces: sent with no expiry (Azure's
+/// default is 7 days, after which a consumer still away would find
+/// nothing, and the row is purged after the retention), or with the one
+/// `OUTBOX_MESSAGE_TTL_SECONDS` sets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announcements_never_expire_on_the_queue_unless_told_to() {
+    let azurite = Azurite::start_queue();
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let account = unique_id("acct");
+    let year = |t: &azure_core::time::OffsetDateTime| t.year();
+    for (queue, ttl) in [
+        ("forever", None),
+        ("an-hour", Some(Duration::from_secs(3600))),
+    ] {
+        azurite.create_queue(queue).await;
+        execute_all(&store, &[order(&unique_id("ord"), &account, "buy", "1")]).await;
+        let settings = QueueSettings {
+            message_ttl: ttl,
+            ..queue_settings(&azurite, queue)
+        };
+        assert_eq!(dispatcher(&store, settings).drain().await.unwrap(), 1);
+        let expiries = azurite.expiries(queue).await;
+        assert_eq!(expiries.len(), 1, "{queue}");
+        let now = azure_core::time::OffsetDateTime::now_utc();
+        match ttl {
+            None => assert_eq!(year(&expiries[0]), 9999, "never expires: {expiries:?}"),
+            Some(ttl) => {
+                let left = expiries[0] - now;
+                assert!(
+                    left <= ttl && left > ttl / 2,
+                    "expires in {left} with a TTL of {ttl:?}"
+                );
+            }
+        }
     }
 }
 
@@ -503,4 +542,121 @@ async fn the_timer_tick_sends_what_the_outbox_holds() {
     let (status, _) = tick.invoke(b"[]").await;
     assert_eq!(status, 400);
     assert_eq!(store.outbox_counts().await.unwrap().undispatched, 1);
+}
+
+/// `order-guard` with this file and queue's settings, run to its end.
+fn outbox_cli(dir: &std::path::Path, azurite: &Azurite, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(common::handler_binary())
+        .args(args)
+        .env(
+            "SQL_CONNECTION_STRING",
+            format!("sqlite:{}", dir.join("orders.db").display()),
+        )
+        .env("OUTBOX_STORAGE", azurite.queue_connection_string())
+        .env("OUTBOX_QUEUE", "by-hand")
+        .env("OUTBOX_MESSAGE_ENCODING", "none")
+        .env_remove("REDIS_URL")
+        .env_remove("OUTBOX_TOPIC_ENDPOINT")
+        .env_remove("FUNCTIONS_CUSTOMHANDLER_PORT")
+        .output()
+        .unwrap()
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// An operator's shell may name another destination than production's:
+/// `outbox dispatch` and `outbox resend` say what they would do (where,
+/// as what, how many) and act only with `--yes`. A resent announcement
+/// goes again with its id and sequence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatch_and_resend_act_only_when_told_yes() {
+    let azurite = Azurite::start_queue();
+    azurite.create_queue("by-hand").await;
+    let (store, dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let account = unique_id("acct");
+    let orders: Vec<Order> = (0..3)
+        .map(|_| order(&unique_id("ord"), &account, "buy", "1"))
+        .collect();
+    execute_all(&store, &orders).await;
+
+    let out = outbox_cli(dir.path(), &azurite, &["outbox", "dispatch"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let said = text(&out);
+    for part in [
+        "3 undispatched",
+        "Storage Queue by-hand",
+        "OrderGuard.OrderExecuted",
+        "--yes",
+    ] {
+        assert!(said.contains(part), "{part:?} not in: {said}");
+    }
+    assert!(
+        azurite.drain_queue("by-hand", false).await.is_empty(),
+        "nothing sent"
+    );
+    assert_eq!(
+        store.outbox_counts().await.unwrap().undispatched,
+        3,
+        "nothing marked"
+    );
+
+    let out = outbox_cli(dir.path(), &azurite, &["outbox", "dispatch", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("3 announcements dispatched"),
+        "{}",
+        text(&out)
+    );
+    let first = by_id(&azurite.drain_queue("by-hand", false).await);
+    assert_eq!(first.len(), 3);
+
+    let id = message_id(&orders[1].order_id);
+    let out = outbox_cli(dir.path(), &azurite, &["outbox", "resend", &id]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        store.outbox_counts().await.unwrap().undispatched,
+        0,
+        "nothing changed"
+    );
+    let out = outbox_cli(dir.path(), &azurite, &["outbox", "resend", &id, "--yes"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(store.outbox_counts().await.unwrap().undispatched, 1);
+    let out = outbox_cli(dir.path(), &azurite, &["outbox", "dispatch", "--yes"]);
+    assert!(
+        text(&out).contains("1 announcements dispatched"),
+        "{}",
+        text(&out)
+    );
+    let again = by_id(&azurite.drain_queue("by-hand", false).await);
+    assert_eq!(again.keys().collect::<Vec<_>>(), vec![&id]);
+    assert_eq!(
+        again[&id], first[&id],
+        "the same event: id, sequence, bytes"
+    );
+
+    // Every one dispatched in the last hour: all three again.
+    let out = outbox_cli(
+        dir.path(),
+        &azurite,
+        &["outbox", "resend", "--since", "1h", "--yes"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).starts_with("3 announcements due again"),
+        "{}",
+        text(&out)
+    );
+    let out = outbox_cli(
+        dir.path(),
+        &azurite,
+        &["outbox", "resend", "--since", "tomorrow"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }

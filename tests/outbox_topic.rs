@@ -100,9 +100,9 @@ async fn a_cloudevents_topic_gets_cloud_events() {
 }
 
 /// The service failing: a wrong key (401) and a 503 are the destination's
-/// state (deferred, counted, said); a 413 for a single event is that
-/// event's (parked for an operator); nothing is lost, and an operator's
-/// retry sends what was parked.
+/// state (deferred, counted, said); a 413 for a single event, twice
+/// running, is that event's (parked for an operator); nothing is lost,
+/// and an operator's retry sends what was parked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_defer_or_park_and_lose_nothing() {
     let topic = EventGridTopic::start("topic-key-3", false).await;
@@ -151,7 +151,13 @@ async fn refusals_defer_or_park_and_lose_nothing() {
             ..DispatchSettings::default()
         },
     );
-    topic.answer_next(&[413]);
+    // Refused alone once: it waits (a refusal misread must not park it);
+    // refused alone again, running: parked.
+    topic.answer_next(&[413, 413]);
+    let round = d.round().await.unwrap();
+    assert_eq!(round.failed, 1);
+    assert_eq!(store.outbox_counts().await.unwrap().parked, 0);
+    store.retry_announcements(None).await.unwrap();
     let round = d.round().await.unwrap();
     assert_eq!(round.failed, 1);
     let parked: Vec<_> = store
@@ -186,6 +192,77 @@ async fn refusals_defer_or_park_and_lose_nothing() {
         .collect();
     got.sort();
     assert_eq!(got, want, "each announced once, none lost");
+}
+
+/// A topic made with the other input schema than `OUTBOX_TOPIC_SCHEMA`
+/// says answers 400 to every request: the setting's fault, not the
+/// events'. Nothing is parked however often it is tried, and once the
+/// setting is fixed every row goes, with no `outbox retry`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_mismatch_parks_nothing_and_every_row_goes_once_fixed() {
+    let topic = EventGridTopic::start("topic-key-5", true).await;
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let orders = executed(&store, 5).await;
+    let mismatched = |batch: u32| {
+        Dispatcher::new(
+            Arc::clone(&store),
+            Destination::Topic(
+                TopicDestination::new(TopicSettings {
+                    endpoint: topic.endpoint(),
+                    auth: TopicAuth::Key(Secret::new(topic.key())),
+                    schema: Schema::EventGrid,
+                })
+                .unwrap(),
+            ),
+            DispatchSettings {
+                batch,
+                ..DispatchSettings::default()
+            },
+        )
+    };
+    // Rounds of all five, then of one row each, several times over: each
+    // row refused alone, every time, and never parked.
+    for batch in [64, 1, 1, 64, 1] {
+        store.retry_announcements(None).await.unwrap();
+        let round = mismatched(batch).round().await.unwrap();
+        assert_eq!((round.sent, round.failed), (0, batch.min(5) as usize));
+        let counts = store.outbox_counts().await.unwrap();
+        assert_eq!((counts.undispatched, counts.parked), (5, 0), "{batch}");
+    }
+    let waiting = store
+        .announcements(&Listing::Undispatched, 10)
+        .await
+        .unwrap();
+    let why = waiting[0].last_error.as_deref().unwrap();
+    assert!(why.contains("OUTBOX_TOPIC_SCHEMA"), "{why}");
+    assert!(topic.accepted().is_empty());
+    // Fixed: the rows are due again after their back-off, and go.
+    let fixed = dispatcher(&store, &topic, topic.key());
+    let started = std::time::Instant::now();
+    let mut sent = 0;
+    while sent < 5 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{sent} of 5 sent after the fix"
+        );
+        sent += fixed.round().await.unwrap().sent;
+        if sent < 5 {
+            // The back-off's due time is the signal: a row is claimable
+            // from then on (1 s to 4 s here).
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    let mut got: Vec<String> = topic
+        .accepted()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = orders.iter().map(|o| message_id(&o.order_id)).collect();
+    want.sort();
+    assert_eq!(got, want, "each once");
+    assert_eq!(store.outbox_counts().await.unwrap().parked, 0);
 }
 
 /// The double itself refuses what Event Grid refuses, so a pass above

@@ -12,7 +12,7 @@ use order_guard::order::{Order, OrderStatus};
 use order_guard::position::Position;
 use order_guard::store::{
     message_id, Announcement, Claim, Deferral, Execution, Listing, OrderStore, Rejection,
-    RejectionKind, ORDER_EXECUTED,
+    RejectionKind, Resend, ORDER_EXECUTED,
 };
 use rust_decimal::Decimal;
 use serde_json::json;
@@ -518,6 +518,102 @@ mod suite {
             .await
             .is_some());
     }
+
+    /// An account's announcements carry a `sequence` (the row's `Seq`)
+    /// that consumers order its executions by: once every sent row is
+    /// purged, the next execution's is still above every one sent before.
+    pub async fn the_sequence_only_grows_past_a_purge(store: Arc<dyn OrderStore>) {
+        let account = unique_id("acct");
+        let lease = Duration::from_secs(60);
+        let mut sent = Vec::new();
+        for _ in 0..3 {
+            let o = order(&unique_id("ord"), &account, "buy", "1");
+            store.execute(&o, "e", "{}").await.unwrap();
+            sent.push(announcement_of(store.as_ref(), &o.order_id).await.unwrap());
+        }
+        // Sent: these rows marked (a database other checks share may hold
+        // rows of theirs, which this claim leases and leaves alone).
+        let ids: Vec<&str> = sent.iter().map(|r| r.message_id.as_str()).collect();
+        let claim = store.claim_announcements(10_000, lease).await.unwrap();
+        let mine: Vec<Announcement> = claim
+            .rows
+            .into_iter()
+            .filter(|r| ids.contains(&r.message_id.as_str()))
+            .collect();
+        assert_eq!(mine.len(), 3, "due, claimed once");
+        assert_eq!(store.mark_announced(&mine).await.unwrap(), 3);
+        let highest = sent.iter().map(|r| r.seq).max().unwrap();
+        // DispatchedAt is stored to the millisecond: be past it.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        while store.purge_announced(Duration::ZERO, 500).await.unwrap() > 0 {}
+        for row in &sent[..2] {
+            assert_eq!(
+                announcement_of(store.as_ref(), &row.order_id).await,
+                None,
+                "purged"
+            );
+        }
+        let next = order(&unique_id("ord"), &account, "buy", "1");
+        store.execute(&next, "e", "{}").await.unwrap();
+        let row = announcement_of(store.as_ref(), &next.order_id)
+            .await
+            .unwrap();
+        assert!(
+            row.seq > highest,
+            "sequence {} after a purge; {highest} was sent before",
+            row.seq
+        );
+    }
+
+    /// `outbox resend`: a dispatched row made due again as it was (same id,
+    /// same `Seq`), by its id or by when it was dispatched; an undispatched
+    /// or unknown one is not touched.
+    pub async fn a_resent_announcement_is_due_again_as_it_was(store: Arc<dyn OrderStore>) {
+        let account = unique_id("acct");
+        let orders: Vec<Order> = (0..2)
+            .map(|_| order(&unique_id("ord"), &account, "buy", "1"))
+            .collect();
+        for o in &orders {
+            store.execute(o, "e", "{}").await.unwrap();
+        }
+        let ids: Vec<String> = orders.iter().map(|o| message_id(&o.order_id)).collect();
+        let lease = Duration::from_secs(60);
+        let claim = store.claim_announcements(10_000, lease).await.unwrap();
+        let mine: Vec<Announcement> = claim
+            .rows
+            .into_iter()
+            .filter(|r| ids.contains(&r.message_id))
+            .collect();
+        assert_eq!(mine.len(), 2);
+        // Not dispatched yet: nothing to resend.
+        let first = Resend::Message(ids[0].clone());
+        assert_eq!(store.resend_announcements(&first).await.unwrap(), 0);
+        assert_eq!(store.mark_announced(&mine).await.unwrap(), 2);
+        let unknown = Resend::Message("no-such-message".into());
+        assert_eq!(store.resend_announcements(&unknown).await.unwrap(), 0);
+        assert_eq!(store.resend_announcements(&first).await.unwrap(), 1);
+        let again = announcement_of(store.as_ref(), &orders[0].order_id)
+            .await
+            .unwrap();
+        assert_eq!(again.dispatched_at, None);
+        assert_eq!(again.seq, mine[0].seq, "its place kept");
+        let claim = store.claim_announcements(10_000, lease).await.unwrap();
+        let due: Vec<&Announcement> = claim
+            .rows
+            .iter()
+            .filter(|r| ids.contains(&r.message_id))
+            .collect();
+        assert_eq!(due.len(), 1, "due now, claimed as any row");
+        assert_eq!((due[0].seq, &due[0].message_id), (mine[0].seq, &ids[0]));
+        store.mark_announced(&claim.rows).await.unwrap();
+        // By when they were dispatched: both, within the last hour.
+        let recent = Resend::DispatchedWithin(Duration::from_secs(3600));
+        assert!(store.resend_announcements(&recent).await.unwrap() >= 2);
+        for o in &orders {
+            let row = announcement_of(store.as_ref(), &o.order_id).await.unwrap();
+            assert_eq!(row.dispatched_at, None);
+        }
+    }
 }
 
 /// What a check needs beyond the store: direct access to its database, for
@@ -789,7 +885,9 @@ macro_rules! conformance {
                 exact_decimals_round_trip,
                 positions_stay_exact_beyond_28_digits,
                 an_execution_is_announced_once_and_nothing_else_is,
-                announcements_are_claimed_once_marked_deferred_and_purged);
+                announcements_are_claimed_once_marked_deferred_and_purged,
+                the_sequence_only_grows_past_a_purge,
+                a_resent_announcement_is_due_again_as_it_was);
             conformance!(@seeded $make;
                 an_overflowing_order_is_rejected_and_stored,
                 a_row_an_earlier_version_left_received_is_resumed,

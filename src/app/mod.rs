@@ -3,7 +3,7 @@
 
 mod outbox;
 
-pub use self::outbox::{outbox_dispatch, outbox_list, outbox_retry};
+pub use self::outbox::{outbox_dispatch, outbox_list, outbox_resend, outbox_retry, DispatchRun};
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;

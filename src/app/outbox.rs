@@ -1,14 +1,17 @@
 //! The outbox's commands and its dispatcher's start: `serve` runs one
 //! dispatcher when a destination is set (`OUTBOX_STORAGE` or
-//! `OUTBOX_TOPIC_ENDPOINT`); `outbox list`, `outbox retry`
-//! and `outbox dispatch` are the operator's (issue 32).
+//! `OUTBOX_TOPIC_ENDPOINT`); `outbox list`, `retry`, `resend` and
+//! `dispatch` are the operator's. The two that send or send again act
+//! only when told `--yes`: without it they say what they would do (the
+//! destination, the event naming, the count) and do nothing, since a
+//! shell's settings may name another destination than production's.
 
 use std::fmt::Write;
 use std::sync::Arc;
 
 use crate::config::Config;
 use crate::outbox::{Destination, DestinationSettings, Dispatcher};
-use crate::store::{Listing, OrderStore};
+use crate::store::{Listing, OrderStore, Resend};
 
 /// The dispatcher `serve` runs beside the handler, started (its first
 /// round picks up what earlier instances left), or `None` without a
@@ -81,8 +84,18 @@ pub async fn outbox_retry(config: &Config, message_id: Option<&str>) -> anyhow::
     Ok(store.retry_announcements(message_id).await?)
 }
 
-/// `outbox dispatch`: send what is due now, once, and say how many.
-pub async fn outbox_dispatch(config: &Config) -> anyhow::Result<usize> {
+/// What `outbox dispatch` did, or would do without `--yes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DispatchRun {
+    /// Told `--yes`: this many sent and marked.
+    Sent(usize),
+    /// Not told: what it would send, where; nothing sent or marked.
+    Plan(String),
+}
+
+/// `outbox dispatch [--yes]`: send what is due now, once, from this
+/// process, to the destination this process's settings name.
+pub async fn outbox_dispatch(config: &Config, yes: bool) -> anyhow::Result<DispatchRun> {
     let (_, store) = super::open_checked(config).await?;
     let Some(settings) = &config.outbox.destination else {
         anyhow::bail!(
@@ -90,8 +103,44 @@ pub async fn outbox_dispatch(config: &Config) -> anyhow::Result<usize> {
         );
     };
     let destination = Destination::new(settings).map_err(|e| anyhow::anyhow!("outbox: {e}"))?;
+    if !yes {
+        let counts = store.outbox_counts().await?;
+        let naming = &config.outbox.dispatch.naming;
+        return Ok(DispatchRun::Plan(format!(
+            "would send the announcements due now of {} undispatched ({} parked, not sent) to the {}, as {}.{} events from source {}; and mark them sent, so the serving instances will not send them",
+            counts.undispatched,
+            counts.parked,
+            destination.describe(),
+            naming.type_prefix,
+            crate::store::ORDER_EXECUTED,
+            naming.source,
+        )));
+    }
     let dispatcher = Dispatcher::new(store, destination, config.outbox.dispatch.clone());
-    Ok(dispatcher.drain().await?)
+    Ok(DispatchRun::Sent(dispatcher.drain().await?))
+}
+
+/// `outbox resend MESSAGE_ID | --since AGE [--yes]`: dispatched
+/// announcements made due again, as they were (same id, same sequence),
+/// for the serving instances' dispatchers to send (a consumer that lost
+/// them); answers how many, or with `yes` false how many it would.
+pub async fn outbox_resend(config: &Config, which: &Resend, yes: bool) -> anyhow::Result<u64> {
+    let (_, store) = super::open_checked(config).await?;
+    if !yes {
+        let matching = match which {
+            Resend::Message(id) => store
+                .announcements(&Listing::Message(id.clone()), 1)
+                .await?
+                .iter()
+                .filter(|a| a.dispatched_at.is_some())
+                .count() as u64,
+            // Of every dispatched row kept, those dispatched within the
+            // age: at most this many.
+            Resend::DispatchedWithin(_) => store.outbox_counts().await?.dispatched,
+        };
+        return Ok(matching);
+    }
+    Ok(store.resend_announcements(which).await?)
 }
 
 /// Where announcements go, for `outbox list` and `status`.

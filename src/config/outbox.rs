@@ -76,6 +76,7 @@ pub(super) fn outbox(
                 storage: target,
                 queue,
                 encoding,
+                message_ttl: message_ttl(val("OUTBOX_MESSAGE_TTL_SECONDS"))?,
             })
         }
     };
@@ -147,6 +148,22 @@ fn topic(val: &impl Fn(&str) -> Option<String>) -> Result<Option<TopicSettings>,
         auth,
         schema,
     }))
+}
+
+/// `OUTBOX_MESSAGE_TTL_SECONDS`: how long a queue message lives unread;
+/// `-1` (the default) for ever.
+fn message_ttl(v: Option<String>) -> Result<Option<Duration>, ConfigError> {
+    const VAR: &str = "OUTBOX_MESSAGE_TTL_SECONDS";
+    match v.as_deref() {
+        None | Some("-1") => Ok(None),
+        Some(text) => match text.parse::<u32>() {
+            Ok(n) if n >= 1 && n <= i32::MAX as u32 => Ok(Some(Duration::from_secs(n.into()))),
+            _ => Err(err(
+                VAR,
+                format!("expected -1 (messages never expire, the default) or a number of seconds from 1 to {}, got {text:?}", i32::MAX),
+            )),
+        },
+    }
 }
 
 /// A name without white space or control characters, or `default`.
@@ -246,6 +263,25 @@ mod tests {
         )])
         .unwrap();
         assert_eq!(queue(&c).queue, "executions");
+        assert_eq!(queue(&c).message_ttl, None, "messages never expire");
+        let ttl = |v: &str| {
+            config(&[
+                ("OUTBOX_STORAGE", "UseDevelopmentStorage=true"),
+                ("OUTBOX_MESSAGE_TTL_SECONDS", v),
+            ])
+        };
+        assert_eq!(queue(&ttl("-1").unwrap()).message_ttl, None);
+        assert_eq!(
+            queue(&ttl("86400").unwrap()).message_ttl,
+            Some(std::time::Duration::from_secs(86_400))
+        );
+        for bad in ["0", "-2", "7d", "2147483648"] {
+            assert_eq!(
+                ttl(bad).unwrap_err().var,
+                "OUTBOX_MESSAGE_TTL_SECONDS",
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -8,60 +8,16 @@
 //! about what an order's execution does) is divided by the pack's size.
 
 use std::future::Future;
-use std::ops::Range;
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 use tokio::time::Instant;
 
-use super::envelope::{event_text, Form, Naming};
+use super::envelope::{event_text, Naming};
+use super::pack::{packs, Refusal, SendFailure};
 use super::queue::{QueueDestination, QueueSettings};
-use super::topic::{Schema, TopicDestination, TopicSettings};
+use super::topic::{TopicDestination, TopicSettings};
 use crate::store::Announcement;
-
-/// Why a send failed, as the dispatcher needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendFailure {
-    pub message: String,
-    /// The destination refused this message for good (too large, not
-    /// acceptable): sending it again cannot help; it is parked.
-    pub refused: bool,
-}
-
-/// A pack the destination did not take, and whether it judged the pack's
-/// events (too large, malformed) rather than the request (a credential,
-/// the service's state): then each event is sent alone, so that only the
-/// one at fault is refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub failure: SendFailure,
-    pub per_event: bool,
-}
-
-impl Refusal {
-    /// A failure of the request or of the destination, not of its events.
-    pub fn of_request(message: String) -> Refusal {
-        Refusal {
-            failure: SendFailure {
-                message,
-                refused: false,
-            },
-            per_event: false,
-        }
-    }
-
-    /// The destination judged the events of a pack of `events`: one event
-    /// alone so judged is refused for good.
-    pub fn of_events(message: String, events: usize) -> Refusal {
-        Refusal {
-            failure: SendFailure {
-                message,
-                refused: events == 1,
-            },
-            per_event: true,
-        }
-    }
-}
 
 /// The destination's settings (built by `config`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,22 +66,20 @@ impl Destination {
         send_packed(&events, self.pack_limit(), in_flight, post).await
     }
 
-    /// A row as this destination's event: a CloudEvent, or an Event Grid
-    /// schema event for a topic created with that schema.
+    /// A row as this destination's event, in the form it takes.
     fn event(&self, naming: &Naming, row: &Announcement) -> String {
-        match self {
-            Destination::Topic(t) if t.schema() == Schema::EventGrid => {
-                event_text(Form::EventGrid, naming, row)
-            }
-            _ => event_text(Form::CloudEvent, naming, row),
-        }
+        let form = match self {
+            Destination::Queue(q) => q.form(),
+            Destination::Topic(t) => t.form(),
+        };
+        event_text(form, naming, row)
     }
 
     /// The most bytes one pack's JSON array may hold.
     fn pack_limit(&self) -> usize {
         match self {
-            Destination::Queue(_) => super::queue::MAX_MESSAGE_JSON_BYTES,
-            Destination::Topic(_) => super::topic::MAX_REQUEST_BYTES,
+            Destination::Queue(q) => q.pack_limit(),
+            Destination::Topic(t) => t.pack_limit(),
         }
     }
 
@@ -138,7 +92,7 @@ impl Destination {
     ) -> Result<(), Refusal> {
         let post = async {
             #[cfg(feature = "failpoints")]
-            if let Some(injected) = injected_send_fault(pack.len()).await {
+            if let Some(injected) = injected_send_fault().await {
                 return injected;
             }
             match self {
@@ -149,7 +103,7 @@ impl Destination {
         tokio::time::timeout_at(deadline, post)
             .await
             .unwrap_or_else(|_| {
-                Err(Refusal::of_request(format!(
+                Err(Refusal::Request(format!(
                     "not sent: the round's sends ran past {} ms (half the lease)",
                     within.as_millis()
                 )))
@@ -157,9 +111,37 @@ impl Destination {
     }
 }
 
+/// One event's answer within a round, before the round is judged whole.
+#[derive(Debug, Clone)]
+enum Answer {
+    Taken,
+    Failed(SendFailure),
+    /// Refused alone on a status that may be the request's fault as well
+    /// as the event's ([`Refusal::Events`] not `certain`).
+    Doubtful(String),
+}
+
+/// The answer of an event sent alone, or of each event of a pack refused
+/// as a request.
+fn answer(result: Result<(), Refusal>) -> Answer {
+    match result {
+        Ok(()) => Answer::Taken,
+        Err(Refusal::Request(message)) => Answer::Failed(SendFailure::waits(message)),
+        Err(Refusal::Events {
+            message,
+            certain: true,
+        }) => Answer::Failed(SendFailure::refused(&message)),
+        Err(Refusal::Events { message, .. }) => Answer::Doubtful(message),
+    }
+}
+
 /// `events` sent in packs of at most `limit` bytes through `post`,
 /// `in_flight` packs at a time; one answer per event, in their order. A
-/// pack refused for its events is posted again one event at a time.
+/// pack refused for its events is posted again one event at a time. An
+/// event refused alone on a doubtful status is taken as refused for its
+/// content only when the destination took another event of the round;
+/// when it took none, the refusals are the request's (a setting that does
+/// not match the destination), and every row waits for it to be fixed.
 async fn send_packed<'a, F, Fut>(
     events: &'a [String],
     limit: usize,
@@ -171,65 +153,44 @@ where
     Fut: Future<Output = Result<(), Refusal>>,
 {
     let post = &post;
-    let answers: Vec<Vec<Result<(), SendFailure>>> =
+    let answers: Vec<Vec<Answer>> =
         stream::iter(packs(events, limit).into_iter().map(|range| async move {
             let pack = &events[range];
             match post(pack).await {
-                Err(r) if r.per_event && pack.len() > 1 => {
+                Err(Refusal::Events { .. }) if pack.len() > 1 => {
                     let mut alone = Vec::with_capacity(pack.len());
                     for e in pack {
-                        alone.push(post(std::slice::from_ref(e)).await.map_err(|r| r.failure));
+                        alone.push(answer(post(std::slice::from_ref(e)).await));
                     }
                     alone
                 }
-                answer => {
-                    let answer = answer.map_err(|r| r.failure);
-                    pack.iter().map(|_| answer.clone()).collect()
-                }
+                result => vec![answer(result); pack.len()],
             }
         }))
         .buffered(in_flight.max(1))
         .collect()
         .await;
-    answers.into_iter().flatten().collect()
+    let answers: Vec<Answer> = answers.into_iter().flatten().collect();
+    let any_taken = answers.iter().any(|a| matches!(a, Answer::Taken));
+    answers
+        .into_iter()
+        .map(|a| match a {
+            Answer::Taken => Ok(()),
+            Answer::Failed(failure) => Err(failure),
+            Answer::Doubtful(message) if any_taken => Err(SendFailure::refused(&message)),
+            Answer::Doubtful(message) => Err(SendFailure::waits(format!(
+                "{message} (the destination refused every event of the round alike: the request's fault, a setting that does not match it, not the events')"
+            ))),
+        })
+        .collect()
 }
 
-/// The JSON array of `events` (each one event's JSON): one pack, what a
-/// queue message's text or a topic request's body holds (for CloudEvents,
-/// their JSON batch format).
-pub fn pack(events: &[String]) -> String {
-    format!("[{}]", events.join(","))
-}
-
-/// The ranges of `events` that each fit in one pack of at most `limit`
-/// bytes ([`pack`]: `[` + events joined by `,` + `]`), in order; an event
-/// too large alone is a range of its own (the destination refuses it).
-pub fn packs(events: &[String], limit: usize) -> Vec<Range<usize>> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut size = 2;
-    for (i, e) in events.iter().enumerate() {
-        let added = e.len() + usize::from(i > start);
-        if i > start && size + added > limit {
-            out.push(start..i);
-            start = i;
-            size = 2 + e.len();
-        } else {
-            size += added;
-        }
-    }
-    if start < events.len() {
-        out.push(start..events.len());
-    }
-    out
-}
-
-/// The `outbox_send` fault point (tests only), on each pack of `events`:
+/// The `outbox_send` fault point (tests only), on each pack:
 /// a status the destination answers (`503`, `413`, …; a 413 judges the
 /// pack's events, as both destinations' own 413 does), a slow send (two
 /// seconds, then the real one), or a crash.
 #[cfg(feature = "failpoints")]
-async fn injected_send_fault(events: usize) -> Option<Result<(), Refusal>> {
+async fn injected_send_fault() -> Option<Result<(), Refusal>> {
     let arg = fail::eval(crate::faults::OUTBOX_SEND, |arg| arg)?;
     match arg.as_deref() {
         Some("slow") => {
@@ -239,13 +200,9 @@ async fn injected_send_fault(events: usize) -> Option<Result<(), Refusal>> {
         Some(code) if code.parse::<u16>().is_ok() => {
             let message =
                 format!("the destination answered {code} (fault injected at outbox_send)");
-            Some(Err(if super::queue::refused_for_good(code.parse().ok()) {
-                Refusal::of_events(message, events)
-            } else {
-                Refusal::of_request(message)
-            }))
+            Some(Err(super::queue::refusal(code.parse().ok(), message)))
         }
-        _ => Some(Err(Refusal::of_request(crate::faults::crash_or_error(
+        _ => Some(Err(Refusal::Request(crate::faults::crash_or_error(
             crate::faults::OUTBOX_SEND,
             arg,
         )))),
@@ -254,22 +211,11 @@ async fn injected_send_fault(events: usize) -> Option<Result<(), Refusal>> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::pack::{pack, REFUSED};
     use super::*;
 
     fn events(sizes: &[usize]) -> Vec<String> {
         sizes.iter().map(|n| "x".repeat(*n)).collect()
-    }
-
-    #[test]
-    fn packs_are_filled_up_to_the_limit_in_order() {
-        // [a,b] = 2 + 3 + 1 + 3 = 9 bytes.
-        assert_eq!(packs(&events(&[3, 3]), 9), vec![0..2]);
-        assert_eq!(packs(&events(&[3, 3]), 8), vec![0..1, 1..2]);
-        assert_eq!(packs(&events(&[3, 3, 3]), 13), vec![0..3]);
-        assert_eq!(packs(&events(&[3, 3, 3]), 12), vec![0..2, 2..3]);
-        assert_eq!(packs(&events(&[]), 10), Vec::<Range<usize>>::new());
-        // Too large alone: its own pack, the rest unaffected.
-        assert_eq!(packs(&events(&[2, 50, 2]), 10), vec![0..1, 1..2, 2..3]);
     }
 
     #[test]
@@ -288,11 +234,11 @@ mod tests {
     }
 
     /// A destination that takes any pack without "bad" in it, refuses a
-    /// pack with it for its events (as a 413 does), and records each post.
+    /// pack with it as `refusal` says, and records each post's size.
     async fn judged(
         events: &[String],
         limit: usize,
-        refusal: fn(String, usize) -> Refusal,
+        refusal: fn(String) -> Refusal,
     ) -> (Vec<Result<(), SendFailure>>, Vec<usize>) {
         let posts = std::sync::Mutex::new(Vec::new());
         let answers = send_packed(events, limit, 2, |pack: &[String]| {
@@ -300,7 +246,7 @@ mod tests {
             let bad = pack.iter().any(|e| e.contains("bad"));
             async move {
                 match bad {
-                    true => Err(refusal("refused".into(), pack.len())),
+                    true => Err(refusal("refused".into())),
                     false => Ok(()),
                 }
             }
@@ -316,44 +262,78 @@ mod tests {
             .collect()
     }
 
+    fn too_large(message: String) -> Refusal {
+        Refusal::Events {
+            message,
+            certain: true,
+        }
+    }
+
+    fn malformed(message: String) -> Refusal {
+        Refusal::Events {
+            message,
+            certain: false,
+        }
+    }
+
     #[tokio::test]
     async fn a_round_goes_in_one_pack_when_it_fits() {
-        let (answers, posts) = judged(&named(&["a", "b", "c"]), 1024, Refusal::of_events).await;
+        let (answers, posts) = judged(&named(&["a", "b", "c"]), 1024, too_large).await;
         assert_eq!(answers, vec![Ok(()), Ok(()), Ok(())]);
         assert_eq!(posts, vec![3]);
     }
 
     #[tokio::test]
-    async fn a_pack_refused_for_its_events_is_sent_singly_and_only_the_one_at_fault_parks() {
-        let events = named(&["a", "bad", "c", "d"]);
-        // Two packs of two (`[a,bad]` is 25 bytes): the first refused,
-        // then sent one event at a time.
-        let (answers, mut posts) = judged(&events, 25, Refusal::of_events).await;
-        posts.sort();
-        assert_eq!(posts, vec![1, 1, 2, 2]);
-        assert_eq!(answers[0], Ok(()));
-        let refused = answers[1].clone().unwrap_err();
-        assert!(refused.refused, "alone and refused: parked");
-        assert_eq!(&answers[2..], &[Ok(()), Ok(())]);
+    async fn a_pack_refused_for_its_events_is_sent_singly_and_only_the_one_at_fault_is_refused() {
+        for refusal in [too_large, malformed] {
+            let events = named(&["a", "bad", "c", "d"]);
+            // Two packs of two (`[a,bad]` is 25 bytes): the first refused,
+            // then sent one event at a time.
+            let (answers, mut posts) = judged(&events, 25, refusal).await;
+            posts.sort();
+            assert_eq!(posts, vec![1, 1, 2, 2]);
+            assert_eq!(answers[0], Ok(()));
+            let refused = answers[1].clone().unwrap_err();
+            assert!(refused.refused, "alone, and others taken: refused");
+            assert!(refused.message.starts_with(REFUSED), "{refused:?}");
+            assert_eq!(&answers[2..], &[Ok(()), Ok(())]);
+        }
+    }
+
+    /// A topic's 400 to every event, each alone too: the request's fault
+    /// (an input schema or content type the topic was not made with), so
+    /// nothing is refused and every row waits for the setting's fix. A
+    /// 413 to an event alone is its own, whatever the others got.
+    #[tokio::test]
+    async fn a_doubtful_refusal_of_every_event_is_the_requests() {
+        let (answers, posts) = judged(&named(&["bad1", "bad2", "bad3"]), 1024, malformed).await;
+        assert_eq!(posts, vec![3, 1, 1, 1]);
+        for a in &answers {
+            let failure = a.clone().unwrap_err();
+            assert!(!failure.refused, "{failure:?}");
+            assert!(
+                failure.message.contains("the request's fault"),
+                "{failure:?}"
+            );
+        }
+        let (answers, _) = judged(&named(&["bad"]), 1024, malformed).await;
+        assert!(
+            !answers[0].clone().unwrap_err().refused,
+            "alone in its round"
+        );
+        let (answers, _) = judged(&named(&["bad"]), 1024, too_large).await;
+        assert!(
+            answers[0].clone().unwrap_err().refused,
+            "too large is its own"
+        );
     }
 
     #[tokio::test]
-    async fn a_request_refused_fails_its_whole_pack_and_parks_nothing() {
-        let (answers, posts) = judged(&named(&["a", "bad", "c"]), 1024, |m, _| {
-            Refusal::of_request(m)
-        })
-        .await;
+    async fn a_request_refused_fails_its_whole_pack_and_refuses_nothing() {
+        let (answers, posts) = judged(&named(&["a", "bad", "c"]), 1024, Refusal::Request).await;
         assert_eq!(posts, vec![3], "not sent again singly");
         for a in answers {
             assert!(!a.unwrap_err().refused);
         }
-    }
-
-    #[test]
-    fn a_pack_is_a_json_array_of_its_events() {
-        let events = vec![r#"{"id":"a"}"#.to_string(), r#"{"id":"b"}"#.to_string()];
-        let v: serde_json::Value = serde_json::from_str(&pack(&events)).unwrap();
-        assert_eq!(v, serde_json::json!([{"id": "a"}, {"id": "b"}]));
-        assert_eq!(pack(&events[..1]), r#"[{"id":"a"}]"#);
     }
 }

@@ -38,8 +38,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::destination::{Destination, SendFailure};
+use super::destination::Destination;
 use super::envelope::Naming;
+use super::pack::{parks, SendFailure};
 use crate::store::{sendable, Announcement, Deferral, Handoff, OrderStore, StoreError};
 
 /// How the dispatcher runs (built by `config`).
@@ -117,13 +118,14 @@ pub fn retry_in(attempts: i64) -> Duration {
 }
 
 /// What to do with a row whose send failed, its `attempts` counting this
-/// failure: parked only when the destination refused the message itself.
+/// failure: parked only when the destination refused it alone, for its
+/// content, twice running ([`parks`]).
 pub fn deferral(row: &Announcement, failure: &SendFailure, attempts: i64) -> Deferral {
     Deferral {
         message_id: row.message_id.clone(),
         error: failure.message.clone(),
         retry_in: retry_in(attempts),
-        park: failure.refused,
+        park: parks(failure, row.last_error.as_deref()),
     }
 }
 
@@ -479,20 +481,23 @@ mod tests {
     }
 
     #[test]
-    fn a_row_is_parked_only_when_refused_for_good() {
+    fn a_row_is_parked_only_when_refused_for_its_content_twice_running() {
         let row = crate::store::Announcement::sample("o");
-        let down = SendFailure {
-            message: "503".into(),
-            refused: false,
-        };
-        let too_large = SendFailure {
-            message: "413".into(),
-            refused: true,
-        };
+        let down = SendFailure::waits("503");
+        let too_large = SendFailure::refused("413");
         // The destination's state never parks, however long it lasts.
         assert!(!deferral(&row, &down, 1).park);
         assert!(!deferral(&row, &down, 1_000).park);
-        assert!(deferral(&row, &too_large, 1).park);
+        // Refused once: it waits; refused again, running: parked.
+        let first = deferral(&row, &too_large, 1);
+        assert!(!first.park);
+        let again = crate::store::Announcement {
+            last_error: Some(first.error.clone()),
+            attempts: 1,
+            ..row.clone()
+        };
+        assert!(deferral(&again, &too_large, 2).park);
+        assert!(!deferral(&again, &down, 2).park);
         let d = deferral(&row, &down, 3);
         assert_eq!(
             (d.message_id.as_str(), d.error.as_str()),

@@ -1,23 +1,26 @@
-//! The outbox's dispatch (issue 32): executions announced downstream,
-//! at least once, each with a stable id.
+//! The outbox's dispatch: executions announced downstream, at least once,
+//! each with a stable id.
 //!
 //! The store writes the announcement with the execution, in the same call
 //! (`store::announcement`); this module sends it afterwards:
-//! [`envelope`] turns a row into the message (pure), [`destination`] is
-//! where it goes: an Azure Storage Queue ([`queue`]) or an Event Grid
-//! custom topic ([`topic`]); [`dispatch`] claims, sends, marks, defers and
-//! purges. Without a destination nothing is dispatched and the
+//! [`envelope`] turns a row into the message (pure), [`pack`] is what
+//! every destination shares (a pack of events, a refusal: a leaf),
+//! [`destination`] is where it goes: an Azure Storage Queue ([`queue`]) or
+//! an Event Grid custom topic ([`topic`]), each reading its own status
+//! codes; [`dispatch`] claims, sends, marks, defers and purges. Without a destination nothing is dispatched and the
 //! rows stay in the table, the record of every execution.
 
 pub mod destination;
 pub mod dispatch;
 pub mod envelope;
+pub mod pack;
 pub mod queue;
 pub mod topic;
 
-pub use destination::{Destination, DestinationSettings, SendFailure};
+pub use destination::{Destination, DestinationSettings};
 pub use dispatch::{Announcer, DispatchSettings, Dispatcher};
 pub use envelope::Naming;
+pub use pack::SendFailure;
 pub use queue::{Encoding, QueueDestination, QueueSettings};
 pub use topic::{Schema, TopicAuth, TopicDestination, TopicSettings};
 

@@ -23,13 +23,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use azure_core::http::{RequestContent, XmlFormat};
-use azure_storage_queue::models::QueueMessage;
+use azure_storage_queue::models::{QueueClientSendMessageOptions, QueueMessage};
 use azure_storage_queue::{QueueClient, QueueClientOptions};
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::destination::Refusal;
+use super::envelope::Form;
+use super::pack::{pack, Refusal};
 use crate::deadletter::storage::{Credential, StorageTarget};
 
 /// The service version the SAS is signed for.
@@ -62,6 +63,20 @@ pub struct QueueSettings {
     pub storage: StorageTarget,
     pub queue: String,
     pub encoding: Encoding,
+    /// How long a message lives on the queue unread: `None`, for ever
+    /// (`messagettl=-1`). Azure's default when none is sent is 7 days, and
+    /// a row is marked sent at once, then purged after the retention: a
+    /// consumer away longer would lose the announcement with no record.
+    pub message_ttl: Option<Duration>,
+}
+
+/// The `messagettl` of `Put Message` for a message's time to live: `-1`
+/// for none (the message never expires), else whole seconds, at least one.
+pub fn messagettl(ttl: Option<Duration>) -> i32 {
+    match ttl {
+        None => -1,
+        Some(d) => i32::try_from(d.as_secs().max(1)).unwrap_or(i32::MAX),
+    }
 }
 
 /// A queue client, made anew when its SAS is about to end.
@@ -80,10 +95,18 @@ impl QueueDestination {
 
     pub fn describe(&self) -> String {
         format!(
-            "Storage Queue {} at {} ({})",
+            "Storage Queue {} at {} ({}, {} messages, {})",
             self.settings.queue,
             self.settings.storage.endpoint,
-            self.settings.storage.credential.kind()
+            self.settings.storage.credential.kind(),
+            match self.settings.encoding {
+                Encoding::Base64 => "base64",
+                Encoding::None => "JSON",
+            },
+            match self.settings.message_ttl {
+                None => "never expiring".to_string(),
+                Some(ttl) => format!("expiring after {} s", ttl.as_secs()),
+            }
         )
     }
 
@@ -134,14 +157,29 @@ impl QueueDestination {
         Ok(client)
     }
 
+    /// The form of its events: CloudEvents, in their JSON batch format.
+    pub fn form(&self) -> Form {
+        Form::CloudEvent
+    }
+
+    /// The most JSON one message carries.
+    pub fn pack_limit(&self) -> usize {
+        MAX_MESSAGE_JSON_BYTES
+    }
+
     /// Send one pack of events (each a CloudEvent's JSON) as one message.
-    pub async fn post(&self, pack: &[String]) -> Result<(), Refusal> {
-        let client = self.client().map_err(Refusal::of_request)?;
-        let json = super::destination::pack(pack);
-        let body = message_body(json, self.settings.encoding).map_err(|e| {
-            Refusal::of_events(format!("cannot encode the message: {e}"), pack.len())
-        })?;
-        let Err(e) = client.send_message(body, None).await else {
+    pub async fn post(&self, events: &[String]) -> Result<(), Refusal> {
+        let client = self.client().map_err(Refusal::Request)?;
+        let body =
+            message_body(pack(events), self.settings.encoding).map_err(|e| Refusal::Events {
+                message: format!("cannot encode the message: {e}"),
+                certain: true,
+            })?;
+        let options = QueueClientSendMessageOptions {
+            message_time_to_live: Some(messagettl(self.settings.message_ttl)),
+            ..Default::default()
+        };
+        let Err(e) = client.send_message(body, Some(options)).await else {
             return Ok(());
         };
         let status = e.http_status().map(u16::from);
@@ -153,11 +191,7 @@ impl QueueDestination {
             Some(code) => format!("the queue answered {code}: {e}"),
             None => format!("the queue could not be reached: {e}"),
         };
-        Err(if refused_for_good(status) {
-            Refusal::of_events(message, pack.len())
-        } else {
-            Refusal::of_request(message)
-        })
+        Err(refusal(status, message))
     }
 }
 
@@ -189,15 +223,21 @@ fn message_body(
     }
 }
 
-/// Whether a status says this message can never be accepted (too large:
-/// 413 RequestBodyTooLarge): a pack's events are then sent alone, and one
-/// refused alone is parked. Everything else is the
-/// destination's state or the request's, not the message's (a 400 also
-/// answers an unsupported version or a malformed SAS, which would park
-/// every row at once; rights, a missing queue, throttling, server errors):
-/// those are retried.
-pub fn refused_for_good(status: Option<u16>) -> bool {
-    status == Some(413)
+/// The queue's reading of a refused `Put Message`: only a 413
+/// (RequestBodyTooLarge) judges the message, for sure; a pack so refused
+/// is sent again one event a message, and an event refused alone is
+/// refused for its content. Everything else is the destination's state or
+/// the request's, never the message's (a 400 also answers an unsupported
+/// version or a malformed SAS, which would refuse every row at once;
+/// rights, a missing queue, throttling, server errors): the rows wait.
+pub fn refusal(status: Option<u16>, message: String) -> Refusal {
+    match status {
+        Some(413) => Refusal::Events {
+            message,
+            certain: true,
+        },
+        _ => Refusal::Request(message),
+    }
 }
 
 /// A service SAS for `queue` with `permissions` (the dispatcher asks for
@@ -244,15 +284,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_an_oversized_message_is_refused_for_good() {
-        assert!(refused_for_good(Some(413)));
-        for code in [400, 401, 403, 404, 408, 429, 500, 503] {
-            assert!(!refused_for_good(Some(code)), "{code}");
-        }
-        assert!(
-            !refused_for_good(None),
-            "not reached: the destination's state"
+    fn only_an_oversized_message_is_judged_by_its_content() {
+        let judged = |status| matches!(refusal(status, "m".into()), Refusal::Events { .. });
+        assert_eq!(
+            refusal(Some(413), "m".into()),
+            Refusal::Events {
+                message: "m".into(),
+                certain: true
+            }
         );
+        for code in [400, 401, 403, 404, 408, 429, 500, 503] {
+            assert!(!judged(Some(code)), "{code}");
+        }
+        assert!(!judged(None), "not reached: the destination's state");
+    }
+
+    #[test]
+    fn a_message_never_expires_unless_a_ttl_is_set() {
+        assert_eq!(messagettl(None), -1);
+        assert_eq!(messagettl(Some(Duration::from_secs(86_400))), 86_400);
+        assert_eq!(
+            messagettl(Some(Duration::from_millis(10))),
+            1,
+            "at least a second"
+        );
+        assert_eq!(messagettl(Some(Duration::from_secs(u64::MAX))), i32::MAX);
     }
 
     /// The signature over the documented string to sign, computed here with

@@ -12,7 +12,8 @@
 
 use std::time::Duration;
 
-use super::destination::Refusal;
+use super::envelope::Form;
+use super::pack::{pack, Refusal};
 use crate::deadletter::storage::Secret;
 
 /// The API version of the publish call.
@@ -80,8 +81,17 @@ impl TopicDestination {
         })
     }
 
-    pub fn schema(&self) -> Schema {
-        self.settings.schema
+    /// The form of its events: the topic's input schema's.
+    pub fn form(&self) -> Form {
+        match self.settings.schema {
+            Schema::EventGrid => Form::EventGrid,
+            Schema::CloudEvents => Form::CloudEvent,
+        }
+    }
+
+    /// The most bytes one request carries.
+    pub fn pack_limit(&self) -> usize {
+        MAX_REQUEST_BYTES
     }
 
     pub fn describe(&self) -> String {
@@ -101,8 +111,8 @@ impl TopicDestination {
 
     /// Publish one pack of events (each a JSON event of the topic's
     /// schema) in one request.
-    pub async fn post(&self, pack: &[String]) -> Result<(), Refusal> {
-        let body = super::destination::pack(pack);
+    pub async fn post(&self, events: &[String]) -> Result<(), Refusal> {
+        let body = pack(events);
         let mut request = self
             .client
             .post(format!(
@@ -118,7 +128,7 @@ impl TopicDestination {
                 let token = chain
                     .get_token(&[EVENT_GRID_SCOPE], None)
                     .await
-                    .map_err(|e| Refusal::of_request(format!("no Entra ID token for Event Grid ({e}); on Azure give the app's identity the EventGrid Data Sender role on the topic; locally run `az login`")))?;
+                    .map_err(|e| Refusal::Request(format!("no Entra ID token for Event Grid ({e}); on Azure give the app's identity the EventGrid Data Sender role on the topic; locally run `az login`")))?;
                 request.bearer_auth(token.token.secret())
             }
             (TopicAuth::EntraId, None) => unreachable!("made with the credential"),
@@ -126,25 +136,91 @@ impl TopicDestination {
         let response = request
             .send()
             .await
-            .map_err(|e| Refusal::of_request(format!("the topic could not be reached: {e}")))?;
+            .map_err(|e| Refusal::Request(format!("the topic could not be reached: {e}")))?;
         let status = response.status().as_u16();
         if response.status().is_success() {
             return Ok(());
         }
-        let text = response.text().await.unwrap_or_default();
-        let detail = crate::event::escaped(text.get(..300).unwrap_or(&text));
+        let body = head(response, ERROR_DETAIL_BYTES).await;
+        let detail = crate::event::escaped(&body);
         let message = match status {
             401 | 403 => format!("the topic refused the credential ({status}): check OUTBOX_TOPIC_KEY, or the app's EventGrid Data Sender role; {detail}"),
             404 => format!("no topic at OUTBOX_TOPIC_ENDPOINT (404): {detail}"),
+            400 => format!("the topic answered 400: {detail}; if every event is refused so, check OUTBOX_TOPIC_SCHEMA against the topic's input schema"),
             _ => format!("the topic answered {status}: {detail}"),
         };
-        // The topic judged the events (malformed, too large), not the
-        // request: one event alone so refused is refused for good; a pack
-        // so refused says nothing of each (they are sent singly).
-        Err(if matches!(status, 400 | 413) {
-            Refusal::of_events(message, pack.len())
-        } else {
-            Refusal::of_request(message)
-        })
+        Err(refusal(status, message))
+    }
+}
+
+/// The most of an error's body kept in the row's error (and read at all).
+const ERROR_DETAIL_BYTES: usize = 300;
+
+/// The first `at_most` bytes of `response`'s body (cut at a character's
+/// boundary), reading no more of it than that: an error page can be large.
+async fn head(mut response: reqwest::Response, at_most: usize) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < at_most {
+        match response.chunk().await {
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    bytes.truncate(at_most);
+    match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => {
+            let valid = e.utf8_error().valid_up_to();
+            let mut bytes = e.into_bytes();
+            bytes.truncate(valid);
+            String::from_utf8(bytes).unwrap_or_default()
+        }
+    }
+}
+
+/// The topic's reading of a refused publish request: a 413 judges its
+/// events for sure (too large); a 400 judges them too, but is also the
+/// answer to a request the topic cannot read at all (a content type, an
+/// input schema it was not created with), so an event refused alone with
+/// it is its own fault only when another event of the round went
+/// (`destination.rs`). 401, 403, 404, 5xx: the request's or the topic's
+/// state; the rows wait.
+pub fn refusal(status: u16, message: String) -> Refusal {
+    match status {
+        413 => Refusal::Events {
+            message,
+            certain: true,
+        },
+        400 => Refusal::Events {
+            message,
+            certain: false,
+        },
+        _ => Refusal::Request(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_topic_judges_events_by_413_for_sure_and_by_400_in_doubt() {
+        assert_eq!(
+            refusal(413, "m".into()),
+            Refusal::Events {
+                message: "m".into(),
+                certain: true
+            }
+        );
+        assert_eq!(
+            refusal(400, "m".into()),
+            Refusal::Events {
+                message: "m".into(),
+                certain: false
+            }
+        );
+        for code in [401, 403, 404, 408, 429, 500, 503] {
+            assert_eq!(refusal(code, "m".into()), Refusal::Request("m".into()));
+        }
     }
 }

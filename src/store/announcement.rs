@@ -1,4 +1,4 @@
-//! The outbox's rows: an execution announced (issue 32).
+//! The outbox's rows: an execution announced.
 //!
 //! `execute` writes one row in the same transaction as the execution (the
 //! same procedure call on SQL Server, the same commit on SQLite), and only
@@ -221,6 +221,17 @@ pub enum Listing {
     Undispatched,
     /// The row of one order, dispatched or not.
     Order(String),
+    /// The row of one message id, dispatched or not.
+    Message(String),
+}
+
+/// Which dispatched rows `outbox resend` makes due again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resend {
+    /// The row of one message id.
+    Message(String),
+    /// Every row dispatched this long ago or later (the store's clock).
+    DispatchedWithin(Duration),
 }
 
 /// The outbox at a glance (`status`).

@@ -39,7 +39,7 @@ use crate::position::{Overflow, Position};
 
 pub use self::announcement::{
     message_id, sendable, Announcement, Birth, Claim, Deferral, Handoff, Listing, OutboxCounts,
-    ORDER_EXECUTED,
+    Resend, ORDER_EXECUTED,
 };
 pub use self::sqlite::{
     Pressure, SqliteStore, MAX_GROUP as SQLITE_MAX_GROUP, MAX_QUEUED as SQLITE_MAX_QUEUED,
@@ -387,6 +387,11 @@ pub trait OrderStore: Send + Sync {
     /// `outbox retry`: make parked or waiting announcements (one, or all)
     /// due now; answers how many.
     async fn retry_announcements(&self, message_id: Option<&str>) -> Result<u64, StoreError>;
+
+    /// `outbox resend`: make dispatched announcements undispatched and due
+    /// now, as they were (same id, same `Seq`), so the dispatchers send
+    /// them again; answers how many.
+    async fn resend_announcements(&self, which: &Resend) -> Result<u64, StoreError>;
 
     /// What the store can show of its load, for telemetry's gauges (no I/O;
     /// nothing by default).

@@ -188,7 +188,7 @@ pub(crate) async fn dispatch_until_done(
     run(&["outbox", "retry"]).await;
     let mut sent = 0;
     loop {
-        let out = run(&["outbox", "dispatch"]).await;
+        let out = run(&["outbox", "dispatch", "--yes"]).await;
         sent += out
             .split_whitespace()
             .next()

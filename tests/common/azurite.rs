@@ -175,6 +175,43 @@ impl Azurite {
         }
     }
 
+    /// When each message waiting in `queue` expires, as the queue service
+    /// keeps it (a peek: the messages stay).
+    pub async fn expiries(&self, queue: &str) -> Vec<azure_core::time::OffsetDateTime> {
+        use azure_storage_queue::models::QueueClientPeekMessagesOptions;
+        let sas = order_guard::outbox::queue::queue_sas(
+            EMULATOR_ACCOUNT,
+            queue,
+            EMULATOR_KEY,
+            "r",
+            std::time::SystemTime::now() + Duration::from_secs(3600),
+        )
+        .unwrap();
+        let url = format!("{}/{queue}?{sas}", self.endpoint());
+        order_guard::tls::install_crypto_provider();
+        let client = azure_storage_queue::QueueClient::new(
+            azure_core::http::Url::parse(&url).unwrap(),
+            None,
+            None,
+        )
+        .unwrap();
+        let options = QueueClientPeekMessagesOptions {
+            number_of_messages: Some(32),
+            ..Default::default()
+        };
+        client
+            .peek_messages(Some(options))
+            .await
+            .expect("Azurite's queue answers")
+            .into_model()
+            .expect("a list of messages")
+            .items
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| m.expiration_time.expect("an expiry"))
+            .collect()
+    }
+
     /// A request with an empty body, signed with the emulator's shared key:
     /// `resource` as the string to sign names it, `path` on this Azurite.
     async fn signed(&self, method: &str, resource: &str, path: &str) -> (u16, String) {

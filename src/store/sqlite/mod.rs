@@ -42,7 +42,7 @@ pub use writer::{Pressure, MAX_GROUP, MAX_QUEUED};
 
 use super::{
     Announcement, Birth, Claim, Deferral, Execution, Handoff, Listing, OrderRecord, OrderStore,
-    OutboxCounts, RejectedRecord, Rejection, StoreError, StoreLoad,
+    OutboxCounts, RejectedRecord, Rejection, Resend, StoreError, StoreLoad,
 };
 use crate::order::{Order, OrderStatus};
 use crate::position::Position;
@@ -639,6 +639,11 @@ impl OrderStore for SqliteStore {
         let id = message_id.map(str::to_string);
         self.with(move |conn| outbox::retry(conn, id.as_deref()))
             .await
+    }
+
+    async fn resend_announcements(&self, which: &Resend) -> Result<u64, StoreError> {
+        let which = which.clone();
+        self.with(move |conn| outbox::resend(conn, &which)).await
     }
 
     fn load(&self) -> StoreLoad {

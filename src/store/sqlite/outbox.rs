@@ -11,7 +11,9 @@ use rusqlite::{params, Connection, Row};
 use super::{decimal, position, NOW};
 use crate::order::Order;
 use crate::position::Position;
-use crate::store::{message_id, Announcement, Deferral, Listing, OutboxCounts, ORDER_EXECUTED};
+use crate::store::{
+    message_id, Announcement, Deferral, Listing, OutboxCounts, Resend, ORDER_EXECUTED,
+};
 
 /// `strftime` of now plus a signed SQLite modifier (`?n` = `+1.500 seconds`).
 fn now_plus(param: usize) -> String {
@@ -229,6 +231,13 @@ pub(super) fn defer(
     Ok(())
 }
 
+/// The retention's delete: up to `limit` rows dispatched more than
+/// `retention` ago, oldest first, but never the row of the highest `Seq`.
+/// `Seq` is SQLite's rowid (`INTEGER PRIMARY KEY`): a new row takes one
+/// past the highest kept, so the top row kept for good is what makes a
+/// new announcement's `sequence` greater than every one sent before,
+/// whatever the purge deleted (`AUTOINCREMENT` would do it with a write to
+/// `sqlite_sequence` in every execution's commit; this costs one row).
 pub(super) fn purge(
     conn: &Connection,
     retention: Duration,
@@ -239,6 +248,7 @@ pub(super) fn purge(
             "DELETE FROM Outbox
               WHERE Seq IN (SELECT Seq FROM Outbox
                              WHERE DispatchedAt IS NOT NULL AND DispatchedAt < {}
+                               AND Seq < (SELECT MAX(Seq) FROM Outbox)
                              ORDER BY DispatchedAt LIMIT ?2)",
             now_plus(1)
         ))?
@@ -258,6 +268,7 @@ pub(super) fn list(
         // `status ORDER_ID` asks, on a read connection of its own, off the
         // writer (`SqliteStore::read`).
         Listing::Order(id) => ("MessageId = ?2", Some(message_id(id))),
+        Listing::Message(id) => ("MessageId = ?2", Some(id.clone())),
     };
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM Outbox WHERE {filter} ORDER BY Seq LIMIT ?1"
@@ -293,6 +304,28 @@ pub(super) fn retry(conn: &Connection, id: Option<&str>) -> Result<u64, rusqlite
               WHERE DispatchedAt IS NULL AND (?1 IS NULL OR MessageId = ?1)"
         ))?
         .execute([id])?;
+    Ok(changed as u64)
+}
+
+/// Dispatched rows made undispatched and due now, unparked, with their
+/// lease ended: the claim takes them as it takes any due row.
+pub(super) fn resend(conn: &Connection, which: &Resend) -> Result<u64, rusqlite::Error> {
+    const SET: &str = "UPDATE Outbox SET DispatchedAt = NULL, Parked = 0, LastError = NULL";
+    let changed = match which {
+        Resend::Message(id) => conn
+            .prepare_cached(&format!(
+                "{SET}, NextAttemptAt = {NOW}, LeaseUntil = {NOW}
+                  WHERE DispatchedAt IS NOT NULL AND MessageId = ?1"
+            ))?
+            .execute([id])?,
+        Resend::DispatchedWithin(age) => conn
+            .prepare_cached(&format!(
+                "{SET}, NextAttemptAt = {NOW}, LeaseUntil = {NOW}
+                  WHERE DispatchedAt IS NOT NULL AND DispatchedAt >= {}",
+                now_plus(1)
+            ))?
+            .execute([modifier(*age, '-')])?,
+    };
     Ok(changed as u64)
 }
 

@@ -45,7 +45,7 @@ use self::retry::{call_budget, send_again, Loss};
 use self::silence::Silences;
 use super::{
     Announcement, Claim, Deferral, Execution, Listing, OrderRecord, OrderStore, OutboxCounts,
-    RejectedRecord, Rejection, StoreError,
+    RejectedRecord, Rejection, Resend, StoreError,
 };
 use crate::entra::{TokenError, TokenSource, SQL_SCOPE};
 use crate::order::{Order, OrderStatus};
@@ -768,6 +768,13 @@ impl OrderStore for SqlServerStore {
         self.schema_gate("retry announcements")?;
         with_client!(self, "retry announcements", self.query_timeout, |client| {
             outbox::retry(client, message_id)
+        })
+    }
+
+    async fn resend_announcements(&self, which: &Resend) -> Result<u64, StoreError> {
+        self.schema_gate("resend announcements")?;
+        with_client!(self, "resend announcements", self.query_timeout, |client| {
+            outbox::resend(client, which)
         })
     }
 

@@ -10,7 +10,7 @@ use tiberius::Row;
 use super::pool::Client;
 use super::{conversion, decimal, int, opt_text, sql, text, utc};
 use crate::position::Position;
-use crate::store::{Announcement, Deferral, Listing, OutboxCounts};
+use crate::store::{Announcement, Deferral, Listing, OutboxCounts, Resend};
 
 fn millis(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
@@ -155,8 +155,12 @@ pub(super) async fn list(
                 .into_first_result()
                 .await?
         }
-        Listing::Order(id) => {
-            let message_id = crate::store::message_id(id);
+        Listing::Order(_) | Listing::Message(_) => {
+            let message_id = match listing {
+                Listing::Order(id) => crate::store::message_id(id),
+                Listing::Message(id) => id.clone(),
+                Listing::Undispatched => unreachable!("matched above"),
+            };
             client
                 .query(
                     sql::SELECT_ANNOUNCEMENT_OF_ORDER,
@@ -192,6 +196,23 @@ pub(super) async fn retry(
     last_count(
         client
             .query(sql::RETRY_ANNOUNCEMENTS, &[&id.unwrap_or("")])
+            .await?,
+    )
+    .await
+}
+
+/// Dispatched rows made undispatched and due now (`outbox resend`).
+pub(super) async fn resend(
+    client: &mut Client,
+    which: &Resend,
+) -> Result<u64, tiberius::error::Error> {
+    let (id, seconds) = match which {
+        Resend::Message(id) => (id.as_str(), -1),
+        Resend::DispatchedWithin(age) => ("", i32::try_from(age.as_secs()).unwrap_or(i32::MAX)),
+    };
+    last_count(
+        client
+            .query(sql::RESEND_ANNOUNCEMENTS, &[&id, &seconds])
             .await?,
     )
     .await

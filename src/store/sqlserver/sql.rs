@@ -662,6 +662,16 @@ pub const RETRY_ANNOUNCEMENTS: &str = "SET NOCOUNT ON; \
      WHERE DispatchedAt IS NULL AND (@P1 = N'' OR MessageId = @P1); \
      SELECT @@ROWCOUNT AS Retried";
 
+/// `outbox resend`: dispatched rows made undispatched and due now, by
+/// message id (P1), or every one dispatched within the last P2 seconds
+/// (P1 empty).
+pub const RESEND_ANNOUNCEMENTS: &str = "SET NOCOUNT ON; \
+     UPDATE dbo.Outbox SET DispatchedAt = NULL, Parked = 0, LastError = NULL, \
+         NextAttemptAt = SYSUTCDATETIME(), LeaseUntil = SYSUTCDATETIME() \
+     WHERE DispatchedAt IS NOT NULL AND ((@P1 <> N'' AND MessageId = @P1) \
+         OR (@P1 = N'' AND DispatchedAt >= DATEADD(SECOND, -@P2, SYSUTCDATETIME()))); \
+     SELECT @@ROWCOUNT AS Resent";
+
 /// Every single statement above, for the parse check in `tests/sqlserver.rs`.
 pub const ALL: &[&str] = &[
     EXECUTE_ORDER,
@@ -708,4 +718,5 @@ pub const BATCHES: &[&str] = &[
     CLAIM_ANNOUNCEMENTS,
     PURGE_ANNOUNCED,
     RETRY_ANNOUNCEMENTS,
+    RESEND_ANNOUNCEMENTS,
 ];
