@@ -223,7 +223,14 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::FAILURE);
             }
         }
-        Command::Status { order_id } => print!("{}", app::status(&config, &order_id).await?),
+        Command::Status { order_id } => {
+            let status = app::status(&config, &order_id).await?;
+            print!("{}", status.text);
+            if !status.known {
+                eprintln!("order-guard: the store has no order {order_id:?} and no rejected event naming it");
+                return Ok(ExitCode::FAILURE);
+            }
+        }
         Command::Outbox {
             action: OutboxAction::List,
         } => print!("{}", app::outbox_list(&config).await?),

@@ -675,6 +675,12 @@ async fn a_missing_sqlite_file_is_created_only_when_asked() {
         status.success() && db.exists(),
         "migrate must create the file: {out}"
     );
+    // An order the store never saw: said, and the command fails.
+    let (status, out) = common::run_command(dir.path(), &["status", "ord-never-seen"], &store);
+    assert!(
+        !status.success() && out.contains("no order \"ord-never-seen\""),
+        "{out}"
+    );
     let serve = Proc::start(
         dir.path(),
         "created",

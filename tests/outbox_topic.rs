@@ -323,3 +323,87 @@ async fn the_contract_endpoint_refuses_what_event_grid_refuses() {
     assert_eq!(post(url, Some("k"), "application/json", big).await, 413);
     assert_eq!(topic.accepted().len(), 1);
 }
+
+/// An app whose only identity is user-assigned (what Azure's templates
+/// deploy): `AZURE_CLIENT_ID` names it, and the topic's client asks the
+/// identity endpoint for that one. Without it the endpoint gives no token
+/// and the rows wait, saying why. (The token then goes to the contract
+/// endpoint, which takes keys only: the request is refused there, after
+/// the token was had.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_topic_signs_in_as_the_user_assigned_identity_azure_client_id_names() {
+    use common::identity::{user_assigned_identity_endpoint, IdentityEnv, HEADER_SECRET};
+    const CLIENT_ID: &str = "6f1c3b52-8d1e-4c5a-9f43-2b7d0e9a1c11";
+    let identity = user_assigned_identity_endpoint(CLIENT_ID).await;
+    let _env = IdentityEnv::set(Some(&identity.url), Some(HEADER_SECRET)).await;
+    let topic = EventGridTopic::start("topic-key-6", false).await;
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    executed(&store, 2).await;
+    // The settings as `config` builds them from the app's settings (an
+    // https endpoint: Entra ID tokens never go over http), pointed at the
+    // local contract endpoint.
+    let auth_of = |client_id: Option<&str>| {
+        let mut settings = vec![(
+            "OUTBOX_TOPIC_ENDPOINT",
+            "https://orders.westeurope-1.eventgrid.azure.net/api/events",
+        )];
+        settings.extend(client_id.map(|id| ("AZURE_CLIENT_ID", id)));
+        let config = order_guard::config::Config::from_lookup(|k| {
+            settings
+                .iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap();
+        match config.outbox.destination {
+            Some(order_guard::outbox::DestinationSettings::Topic(t)) => t.auth,
+            other => panic!("want a topic: {other:?}"),
+        }
+    };
+    let round_with = |auth: TopicAuth| {
+        let settings = TopicSettings {
+            endpoint: topic.endpoint(),
+            auth,
+            schema: Schema::EventGrid,
+        };
+        Dispatcher::new(
+            Arc::clone(&store),
+            Destination::Topic(TopicDestination::new(settings).unwrap()),
+            DispatchSettings::default(),
+        )
+    };
+    // No AZURE_CLIENT_ID: the system-assigned identity is asked for, and
+    // there is none.
+    let round = round_with(auth_of(None)).round().await.unwrap();
+    assert_eq!(round.failed, 2);
+    let why = store
+        .announcements(&Listing::Undispatched, 1)
+        .await
+        .unwrap()[0]
+        .last_error
+        .clone()
+        .unwrap();
+    assert!(why.contains("no Entra ID token"), "{why}");
+    assert!(identity.refused.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    assert_eq!(identity.tokens_handed_out(), 0);
+
+    store.retry_announcements(None).await.unwrap();
+    let round = round_with(auth_of(Some(CLIENT_ID))).round().await.unwrap();
+    assert_eq!(round.failed, 2, "the contract endpoint takes keys only");
+    let requests = identity.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].client_id.as_deref(), Some(CLIENT_ID));
+    assert_eq!(
+        requests[0].resource.as_deref(),
+        Some("https://eventgrid.azure.net")
+    );
+    let why = store
+        .announcements(&Listing::Undispatched, 1)
+        .await
+        .unwrap()[0]
+        .last_error
+        .clone()
+        .unwrap();
+    assert!(why.contains("refused the credential (401)"), "{why}");
+}

@@ -605,7 +605,10 @@ async fn status_finds_an_order_by_its_id_with_surrounding_spaces() {
     assert_eq!(o.outcome, OutcomeKind::Executed, "{o:?}");
     drop(p);
     for asked in [id.clone(), format!(" {id} "), format!("\t{id}\n")] {
-        let text = order_guard::app::status(&config, &asked).await.unwrap();
+        let text = order_guard::app::status(&config, &asked)
+            .await
+            .unwrap()
+            .text;
         assert!(
             text.contains(&format!("order   {id} Executed buy 2 MSFT for acct-s")),
             "status {asked:?}:\n{text}"

@@ -218,7 +218,7 @@ async fn the_readme_step_4_statements_are_all_the_app_needs() {
     // status, as the app function runs it.
     let config =
         Config::from_lookup(|k| (k == "SQL_CONNECTION_STRING").then(|| app.clone())).unwrap();
-    let status = order_guard::app::status(&config, &id).await.unwrap();
+    let status = order_guard::app::status(&config, &id).await.unwrap().text;
     assert!(
         status.contains(&format!("order   {id} Executed")),
         "{status}"

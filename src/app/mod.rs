@@ -639,7 +639,7 @@ async fn open_checked(
 }
 
 /// `status ORDER_ID`: the guard key beside the store's row, as text.
-pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<String> {
+pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<Status> {
     use std::fmt::Write;
     // As the processor keeps ids: without surrounding white space.
     let order_id = order_id.trim();
@@ -668,7 +668,7 @@ pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<String> {
         },
         (_, Err(e)) => writeln!(out, "guard   {key}: {e}")?,
     }
-    match store.order(order_id).await? {
+    let mut known = match store.order(order_id).await? {
         Some(o) => {
             writeln!(
                 out,
@@ -694,10 +694,15 @@ pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<String> {
                 o.symbol,
                 pos.map(|p| p.to_string()).unwrap_or_else(|| "none".into())
             )?;
+            true
         }
-        None => writeln!(out, "order   {order_id}: no row in {}", store.name())?,
-    }
+        None => {
+            writeln!(out, "order   {order_id}: no row in {}", store.name())?;
+            false
+        }
+    };
     for r in store.rejections(Some(order_id)).await? {
+        known = true;
         writeln!(
             out,
             "rejected {} ({} deliveries): {}",
@@ -729,7 +734,16 @@ pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<String> {
             }
         )?;
     }
-    Ok(out)
+    Ok(Status { text: out, known })
+}
+
+/// What `status ORDER_ID` shows, and whether the store knows the order at
+/// all (a row, or a rejected event naming it): an id it has never seen
+/// makes the command fail, so a script that checks an order notices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub text: String,
+    pub known: bool,
 }
 
 /// What `prune-guard` found and did.

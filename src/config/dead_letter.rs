@@ -2,7 +2,9 @@
 //! sweep replays.
 
 use super::{err, ConfigError};
-use crate::deadletter::storage::{check_container, parse_storage, DeadLetterSettings};
+use crate::deadletter::storage::{
+    check_container, parse_storage, DeadLetterSettings, StorageTarget,
+};
 
 /// Default `DEAD_LETTER_CONTAINER`.
 pub const DEFAULT_DEAD_LETTER_CONTAINER: &str = "deadletters";
@@ -12,6 +14,7 @@ pub const DEFAULT_DEAD_LETTER_CONTAINER: &str = "deadletters";
 /// storage value (it may hold a key or a SAS).
 pub(super) fn dead_letter(
     storage: Option<String>,
+    client_id: Option<&str>,
     container: Option<String>,
     max_blob_bytes: u64,
 ) -> Result<Option<DeadLetterSettings>, ConfigError> {
@@ -37,6 +40,10 @@ pub(super) fn dead_letter(
         (Some(in_url), _) => in_url.clone(),
         (None, Some(set)) => set,
         (None, None) => DEFAULT_DEAD_LETTER_CONTAINER.to_string(),
+    };
+    let target = StorageTarget {
+        credential: target.credential.with_client_id(client_id),
+        ..target
     };
     Ok(Some(DeadLetterSettings {
         storage: target,

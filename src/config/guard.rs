@@ -89,10 +89,13 @@ fn plausible_host(h: &str) -> bool {
     labels_ok && !key_like
 }
 
-/// `REDIS_AUTH` and `REDIS_CLIENT_ID` for the (already checked) `url`.
+/// `REDIS_AUTH` and `REDIS_CLIENT_ID` for the (already checked) `url`;
+/// with Entra ID and no `REDIS_CLIENT_ID`, `app_identity`
+/// (`AZURE_CLIENT_ID`, the app's user-assigned identity) signs in.
 pub(super) fn redis_auth(
     auth: Option<String>,
     client_id: Option<String>,
+    app_identity: Option<String>,
     url: &str,
 ) -> Result<RedisAuth, ConfigError> {
     match auth.map(|a| a.to_ascii_lowercase()).as_deref() {
@@ -113,7 +116,9 @@ pub(super) fn redis_auth(
                     "carries a user name or password, but REDIS_AUTH=entra-id takes both from the Entra ID token (the identity's object id and the token): remove them from the URL (the value is not shown)",
                 ));
             }
-            Ok(RedisAuth::EntraId { client_id })
+            Ok(RedisAuth::EntraId {
+                client_id: client_id.or(app_identity),
+            })
         }
         Some(other) => Err(err(
             "REDIS_AUTH",

@@ -93,6 +93,18 @@ impl Config {
             (None, Some(p)) => parse_num("FUNCTIONS_HTTPWORKER_PORT", &p, 1, 65_535)? as u16,
             (None, None) => 3000,
         };
+        // The app's user-assigned identity, as Azure's SDKs and Microsoft's
+        // templates name it: every Azure client signs in as it (Redis
+        // unless REDIS_CLIENT_ID names another; SQL takes `User ID`).
+        let azure_client_id = match val("AZURE_CLIENT_ID") {
+            Some(id) if uuid::Uuid::parse_str(&id).is_err() => {
+                return Err(err(
+                    "AZURE_CLIENT_ID",
+                    format!("expected the user-assigned identity's client id, a GUID (az identity show --query clientId), got {id:?}"),
+                ))
+            }
+            id => id,
+        };
         let num =
             |var: &'static str, default: u64, min: u64, max: u64| -> Result<u64, ConfigError> {
                 val(var).map_or(Ok(default), |v| parse_num(var, &v, min, max))
@@ -119,7 +131,12 @@ impl Config {
                 None => GuardConfig::Memory,
                 Some(v) => {
                     let url = redis_url(&v)?;
-                    let auth = guard::redis_auth(val("REDIS_AUTH"), val("REDIS_CLIENT_ID"), &url)?;
+                    let auth = guard::redis_auth(
+                        val("REDIS_AUTH"),
+                        val("REDIS_CLIENT_ID"),
+                        azure_client_id.clone(),
+                        &url,
+                    )?;
                     GuardConfig::Redis { url, cluster, auth }
                 }
             };
@@ -214,6 +231,7 @@ impl Config {
         let store = state::store(&val, &hosting::runs(&get))?;
         let dead_letter = dead_letter::dead_letter(
             val("DEAD_LETTER_STORAGE"),
+            azure_client_id.as_deref(),
             val("DEAD_LETTER_CONTAINER"),
             num(
                 "DEAD_LETTER_MAX_BLOB_BYTES",
@@ -225,7 +243,11 @@ impl Config {
         let telemetry = telemetry::telemetry(&val)?;
         // Dispatched announcements are kept at least as long as Event Grid
         // retries a delivery (24 h): a week by default.
-        let mut outbox = outbox::outbox(&val, num("OUTBOX_RETENTION_HOURS", 168, 24, 24 * 365)?)?;
+        let mut outbox = outbox::outbox(
+            &val,
+            azure_client_id.as_deref(),
+            num("OUTBOX_RETENTION_HOURS", 168, 24, 24 * 365)?,
+        )?;
         // Longer than a round's sends (eight at a time, each bounded by
         // the client's own timeouts); shorter means quicker re-sends after
         // a dispatcher dies, and more copies when a round is slow.

@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use super::{err, ConfigError};
-use crate::deadletter::storage::{check_container, parse_storage_of, Secret, Service};
+use crate::deadletter::storage::{
+    check_container, parse_storage_of, Secret, Service, StorageTarget,
+};
 use crate::outbox::{
     DestinationSettings, DispatchSettings, Encoding, Naming, OutboxSettings, QueueSettings, Schema,
     TopicAuth, TopicSettings,
@@ -17,6 +19,7 @@ pub const DEFAULT_OUTBOX_QUEUE: &str = "order-executed";
 /// never quote `OUTBOX_STORAGE` (it may hold a key or a SAS).
 pub(super) fn outbox(
     val: &impl Fn(&str) -> Option<String>,
+    client_id: Option<&str>,
     retention_hours: u64,
 ) -> Result<OutboxSettings, ConfigError> {
     let queue_name = val("OUTBOX_QUEUE");
@@ -73,14 +76,17 @@ pub(super) fn outbox(
                 (None, None) => DEFAULT_OUTBOX_QUEUE.to_string(),
             };
             Some(QueueSettings {
-                storage: target,
+                storage: StorageTarget {
+                    credential: target.credential.with_client_id(client_id),
+                    ..target
+                },
                 queue,
                 encoding,
                 message_ttl: message_ttl(val("OUTBOX_MESSAGE_TTL_SECONDS"))?,
             })
         }
     };
-    let topic = topic(val)?;
+    let topic = topic(val, client_id)?;
     let destination = match (queue, topic) {
         (Some(_), Some(_)) => {
             return Err(err(
@@ -104,7 +110,10 @@ pub(super) fn outbox(
 
 /// `OUTBOX_TOPIC_ENDPOINT`, `OUTBOX_TOPIC_KEY`, `OUTBOX_TOPIC_SCHEMA`: an
 /// Event Grid custom topic, or `None`. The key is never shown.
-fn topic(val: &impl Fn(&str) -> Option<String>) -> Result<Option<TopicSettings>, ConfigError> {
+fn topic(
+    val: &impl Fn(&str) -> Option<String>,
+    client_id: Option<&str>,
+) -> Result<Option<TopicSettings>, ConfigError> {
     let schema = match val("OUTBOX_TOPIC_SCHEMA").as_deref() {
         None | Some("eventgrid") => Schema::EventGrid,
         Some("cloudevents") => Schema::CloudEvents,
@@ -141,7 +150,9 @@ fn topic(val: &impl Fn(&str) -> Option<String>) -> Result<Option<TopicSettings>,
                 "is needed for a plain-http endpoint: Entra ID tokens are never sent over http",
             ))
         }
-        None => TopicAuth::EntraId,
+        None => TopicAuth::EntraId {
+            client_id: client_id.map(str::to_string),
+        },
     };
     Ok(Some(TopicSettings {
         endpoint,
@@ -216,7 +227,10 @@ mod tests {
         let Some(DestinationSettings::Topic(t)) = c.outbox.destination else {
             panic!("want a topic")
         };
-        assert_eq!((t.auth, t.schema), (TopicAuth::EntraId, Schema::EventGrid));
+        assert_eq!(
+            (t.auth, t.schema),
+            (TopicAuth::EntraId { client_id: None }, Schema::EventGrid)
+        );
     }
 
     #[test]
@@ -282,6 +296,43 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// `AZURE_CLIENT_ID`, the app's user-assigned identity, signs every
+    /// Azure client in: the queue, the topic and the dead-letter blobs (a
+    /// key or a SAS is kept as it is).
+    #[test]
+    fn the_user_assigned_identity_signs_every_storage_client_in() {
+        use crate::deadletter::storage::Credential;
+        let id = "6f1c3b52-8d1e-4c5a-9f43-2b7d0e9a1c11";
+        let c = config(&[
+            ("AZURE_CLIENT_ID", id),
+            (
+                "OUTBOX_STORAGE",
+                "https://ordersprod.queue.core.windows.net/executions",
+            ),
+            (
+                "DEAD_LETTER_STORAGE",
+                "https://ordersprod.blob.core.windows.net/deadletters",
+            ),
+        ])
+        .unwrap();
+        let named = Credential::EntraId {
+            client_id: Some(id.into()),
+        };
+        assert_eq!(queue(&c).storage.credential, named);
+        assert_eq!(c.dead_letter.unwrap().storage.credential, named);
+        let c = config(&[
+            ("AZURE_CLIENT_ID", id),
+            ("OUTBOX_STORAGE", "UseDevelopmentStorage=true"),
+        ])
+        .unwrap();
+        assert!(matches!(
+            queue(&c).storage.credential,
+            Credential::AccountKey(_)
+        ));
+        let e = config(&[("AZURE_CLIENT_ID", "my-identity")]).unwrap_err();
+        assert_eq!(e.var, "AZURE_CLIENT_ID");
     }
 
     #[test]

@@ -109,7 +109,9 @@ impl Container {
                     BlobError("DEAD_LETTER_STORAGE: the shared access signature is not a URL query (sv=…&sig=…)".into())
                 })?,
             ),
-            Credential::EntraId => builder.with_credentials(entra_id()),
+            Credential::EntraId { client_id } => {
+                builder.with_credentials(entra_id(client_id.clone()))
+            }
         };
         let store = builder.build().map_err(|e| {
             BlobError(format!(
@@ -386,10 +388,11 @@ pub fn scrub(text: &str) -> String {
 
 /// Entra ID tokens for Blob Storage from the same credential chain as
 /// SQL's `Active Directory Default` (workload identity, the app's managed
-/// identity, `az`/`azd` login, the Instance Metadata Service).
-fn entra_id() -> AzureCredentialProvider {
+/// identity, `az`/`azd` login, the Instance Metadata Service);
+/// `client_id` names a user-assigned identity.
+fn entra_id(client_id: Option<String>) -> AzureCredentialProvider {
     Arc::new(EntraId {
-        chain: crate::entra::default_chain_credential(None, Duration::from_secs(10)),
+        chain: crate::entra::default_chain_credential(client_id, Duration::from_secs(10)),
         cached: Mutex::new(None),
     })
 }

@@ -95,16 +95,29 @@ pub enum Credential {
     /// A shared access signature (the query, without `?`).
     Sas(Secret),
     /// Entra ID tokens for the app's identity (role Storage Blob Data
-    /// Contributor on the container or account).
-    EntraId,
+    /// Contributor on the container or account): `client_id` names a
+    /// user-assigned one (`AZURE_CLIENT_ID`), else the system-assigned one
+    /// or the developer's sign-in.
+    EntraId { client_id: Option<String> },
 }
 
 impl Credential {
+    /// This credential with `client_id` naming the user-assigned identity
+    /// when it signs in with Entra ID (a key or a SAS is left as it is).
+    pub fn with_client_id(self, client_id: Option<&str>) -> Credential {
+        match self {
+            Credential::EntraId { .. } => Credential::EntraId {
+                client_id: client_id.map(str::to_string),
+            },
+            other => other,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Credential::AccountKey(_) => "account key",
             Credential::Sas(_) => "shared access signature",
-            Credential::EntraId => "Entra ID",
+            Credential::EntraId { .. } => "Entra ID",
         }
     }
 }
@@ -251,9 +264,9 @@ pub fn parse_storage_of(v: &str, service: Service) -> Result<StorageTarget, Stri
             Credential::AccountKey(Secret::new(key))
         }
         (None, Some(sas)) => Credential::Sas(Secret::new(sas.trim_start_matches('?'))),
-        (None, None) => Credential::EntraId,
+        (None, None) => Credential::EntraId { client_id: None },
     };
-    if endpoint.starts_with("http://") && credential == Credential::EntraId {
+    if endpoint.starts_with("http://") && matches!(credential, Credential::EntraId { .. }) {
         return Err(format!("Entra ID tokens are never sent over plain http: use an https {endpoint_key}, or give an AccountKey (an emulator)"));
     }
     Ok(StorageTarget {
@@ -316,7 +329,7 @@ fn parse_container_url(v: &str, service: Service) -> Result<StorageTarget, Strin
         None if scheme == "http" => {
             return Err(format!("a plain-http {resource} URL needs a SAS query: Entra ID tokens are never sent over http"))
         }
-        None => Credential::EntraId,
+        None => Credential::EntraId { client_id: None },
     };
     Ok(StorageTarget {
         account,
@@ -474,7 +487,7 @@ mod tests {
             StorageTarget {
                 account: "ordersdl".into(),
                 endpoint: "https://ordersdl.blob.core.windows.net".into(),
-                credential: Credential::EntraId,
+                credential: Credential::EntraId { client_id: None },
                 container: Some("dead-letters".into()),
             }
         );

@@ -133,10 +133,10 @@ impl QueueDestination {
             ),
             // The chain SQL's `Active Directory Default` and the dead-letter
             // sweep use (role: Storage Queue Data Message Sender).
-            Credential::EntraId => (
+            Credential::EntraId { client_id } => (
                 base,
                 Some(Arc::new(crate::entra::default_chain_credential(
-                    None,
+                    client_id.clone(),
                     Duration::from_secs(10),
                 ))
                     as Arc<dyn azure_core::credentials::TokenCredential>),

@@ -46,8 +46,9 @@ impl Schema {
 pub enum TopicAuth {
     /// The topic's access key (`aeg-sas-key`).
     Key(Secret),
-    /// The app's identity (role EventGrid Data Sender on the topic).
-    EntraId,
+    /// The app's identity (role EventGrid Data Sender on the topic):
+    /// `client_id` names a user-assigned one (`AZURE_CLIENT_ID`).
+    EntraId { client_id: Option<String> },
 }
 
 /// An Event Grid custom topic (built by `config`).
@@ -72,8 +73,13 @@ impl TopicDestination {
             .timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| format!("cannot make the HTTP client: {e}"))?;
-        let entra = (settings.auth == TopicAuth::EntraId)
-            .then(|| crate::entra::default_chain_credential(None, Duration::from_secs(10)));
+        let entra = match &settings.auth {
+            TopicAuth::EntraId { client_id } => Some(crate::entra::default_chain_credential(
+                client_id.clone(),
+                Duration::from_secs(10),
+            )),
+            TopicAuth::Key(_) => None,
+        };
         Ok(TopicDestination {
             settings,
             client,
@@ -104,7 +110,7 @@ impl TopicDestination {
             },
             match self.settings.auth {
                 TopicAuth::Key(_) => "access key",
-                TopicAuth::EntraId => "Entra ID",
+                TopicAuth::EntraId { .. } => "Entra ID",
             }
         )
     }
@@ -123,7 +129,7 @@ impl TopicDestination {
             .body(body);
         request = match (&self.settings.auth, &self.entra) {
             (TopicAuth::Key(key), _) => request.header("aeg-sas-key", key.expose()),
-            (TopicAuth::EntraId, Some(chain)) => {
+            (TopicAuth::EntraId { .. }, Some(chain)) => {
                 use azure_core::credentials::TokenCredential;
                 let token = chain
                     .get_token(&[EVENT_GRID_SCOPE], None)
@@ -131,7 +137,7 @@ impl TopicDestination {
                     .map_err(|e| Refusal::Request(format!("no Entra ID token for Event Grid ({e}); on Azure give the app's identity the EventGrid Data Sender role on the topic; locally run `az login`")))?;
                 request.bearer_auth(token.token.secret())
             }
-            (TopicAuth::EntraId, None) => unreachable!("made with the credential"),
+            (TopicAuth::EntraId { .. }, None) => unreachable!("made with the credential"),
         };
         let response = request
             .send()

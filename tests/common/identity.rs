@@ -153,3 +153,54 @@ pub async fn identity_endpoint_minting(
         lifetime,
     }
 }
+
+/// An identity endpoint of an app with only a user-assigned identity: it
+/// hands out a token only when asked for `client_id` (as App Service
+/// answers 400 "Identity not found" when no system-assigned identity is
+/// enabled), and counts every request it refused.
+pub async fn user_assigned_identity_endpoint(client_id: &'static str) -> IdentityEndpoint {
+    use warp::Filter;
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let (seen, no) = (Arc::clone(&requests), Arc::clone(&refused));
+    let route = warp::get()
+        .and(warp::path!("msi" / "token"))
+        .and(warp::query::<HashMap<String, String>>())
+        .and(warp::header::optional::<String>("x-identity-header"))
+        .map(move |q: HashMap<String, String>, header: Option<String>| {
+            if header.as_deref() != Some(HEADER_SECRET)
+                || q.get("client_id").map(String::as_str) != Some(client_id)
+            {
+                no.fetch_add(1, Ordering::SeqCst);
+                return warp::reply::with_status(
+                    warp::reply::json(&json!({"statusCode": 400, "message": "No User Assigned or Delegated Managed Identity found for specified ClientId/ResourceId/PrincipalId."})),
+                    warp::http::StatusCode::BAD_REQUEST,
+                );
+            }
+            let mut seen = seen.lock().unwrap();
+            seen.push(TokenRequest {
+                resource: q.get("resource").cloned(),
+                api_version: q.get("api-version").cloned(),
+                client_id: q.get("client_id").cloned(),
+            });
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+            warp::reply::with_status(
+                warp::reply::json(&json!({
+                    "access_token": format!("token-{}", seen.len()),
+                    "expires_on": (now + 3600).to_string(),
+                    "resource": q.get("resource").cloned().unwrap_or_default(),
+                    "token_type": "Bearer",
+                    "client_id": client_id
+                })),
+                warp::http::StatusCode::OK,
+            )
+        });
+    let (addr, server) = warp::serve(route).bind_ephemeral(([127, 0, 0, 1], 0));
+    tokio::spawn(server);
+    IdentityEndpoint {
+        url: format!("http://{addr}/msi/token"),
+        requests,
+        refused,
+        lifetime: Arc::new(AtomicUsize::new(3600)),
+    }
+}
