@@ -168,8 +168,9 @@ pub struct Processor {
     finished: Option<FinishedOrders>,
     /// Where each event is reported (`None`: telemetry off, nothing timed).
     telemetry: Option<Arc<EventTelemetry>>,
-    /// The first store failure no retry can fix (`StoreError::needs_operator`).
-    operator_needed: std::sync::OnceLock<String>,
+    /// Store failures no retry can fix (`StoreError::needs_operator`):
+    /// how many so far, and the last one.
+    operator_needed: std::sync::Mutex<(u64, Option<String>)>,
     /// Wakes the outbox's dispatcher after an execution (`None`: nothing
     /// is dispatched by this process).
     announcer: Option<Announcer>,
@@ -198,7 +199,7 @@ impl Processor {
             counters: Counters::default(),
             store_id: tokio::sync::OnceCell::new(),
             telemetry: None,
-            operator_needed: std::sync::OnceLock::new(),
+            operator_needed: std::sync::Mutex::new((0, None)),
             announcer: None,
         }
     }
@@ -210,13 +211,34 @@ impl Processor {
         self
     }
 
-    /// The first store failure this processor met that no retry can fix
+    /// The last store failure this processor met that no retry can fix
     /// (a right or the schema missing: `StoreError::needs_operator`), with
     /// the fix; `None` while there was none. Its events were answered
     /// `retry` like any store failure (nothing is lost); a command that
     /// retries by itself (`replay`, the dead-letter sweep) stops on it.
-    pub fn operator_needed(&self) -> Option<&str> {
-        self.operator_needed.get().map(String::as_str)
+    pub fn operator_needed(&self) -> Option<String> {
+        self.operator_needed_since(0)
+    }
+
+    /// How many failures no retry can fix this processor met so far: a
+    /// task of a long-running `serve` (a sweep) takes the count as it
+    /// starts and asks [`Self::operator_needed_since`] it, so one met
+    /// before it (and fixed since) does not stop it and a new one does.
+    pub fn operator_needed_count(&self) -> u64 {
+        self.operator_needed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+    }
+
+    /// The last failure no retry can fix, if any came after the first
+    /// `count` ([`Self::operator_needed_count`]).
+    pub fn operator_needed_since(&self, count: u64) -> Option<String> {
+        let state = self
+            .operator_needed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        (state.0 > count).then(|| state.1.clone()).flatten()
     }
 
     /// Report every event to `telemetry` (metrics and spans).

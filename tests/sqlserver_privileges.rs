@@ -529,4 +529,18 @@ async fn the_dead_letter_sweep_stops_at_the_first_right_refused() {
         .collect();
     left.sort();
     assert_eq!(left, names, "every blob stays where it was");
+
+    // The right still missing, a later sweep by the same long-running
+    // processor (the timer's next tick in `serve`) stops at it too: a
+    // failure met before it does not blind it.
+    let s = order_guard::deadletter::sweep(
+        &processor,
+        &container,
+        &order_guard::deadletter::SweepOptions::default(),
+        &order_guard::deadletter::sweep::Silent,
+    )
+    .await
+    .unwrap();
+    assert!(s.stopped.is_some(), "the second sweep stopped: {s}");
+    assert_eq!((s.blobs, s.moved, s.not_reached), (1, 0, 2), "{s:?}");
 }

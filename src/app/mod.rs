@@ -620,7 +620,7 @@ pub async fn replay(
             }
         }
     }
-    summary.stopped = processor.operator_needed().map(str::to_string);
+    summary.stopped = processor.operator_needed();
     summary
 }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::blobs::Container;
-use super::sweep::{sweep, Silent, SweepOptions};
+use super::sweep::{sweep, Silent, SweepOptions, SweepSummary};
 use crate::outbox::Dispatcher;
 use crate::processor::Processor;
 
@@ -159,7 +159,11 @@ impl SweepFunction {
                     log::Level::Info
                 };
                 log::log!(level, "{line}");
-                answer(200, line, json!({"sweep": "done", "summary": summary}))
+                for left in &summary.left {
+                    log::warn!("{FUNCTION_NAME}: {left}");
+                }
+                let shown = shown_left(summary);
+                answer(200, line, json!({"sweep": "done", "summary": shown}))
             }
             Err(e) => {
                 let message = format!("{FUNCTION_NAME}: {e}");
@@ -167,5 +171,51 @@ impl SweepFunction {
                 answer(500, message.clone(), json!({"error": message}))
             }
         }
+    }
+}
+
+/// Blobs left that the timer's answer names, at most: every one is logged,
+/// and `dead-letters list` counts them; a sweep that left thousands must
+/// not answer the host with all their names.
+pub const LEFT_SHOWN: usize = 20;
+
+/// `summary` as the timer answers it: its first [`LEFT_SHOWN`] blobs left,
+/// and how many more there were (`leftNotShown`).
+pub fn shown_left(mut summary: SweepSummary) -> Value {
+    let more = summary.left.len().saturating_sub(LEFT_SHOWN);
+    summary.left.truncate(LEFT_SHOWN);
+    let mut value = serde_json::to_value(&summary).unwrap_or(Value::Null);
+    if let Some(o) = value.as_object_mut() {
+        o.insert("leftNotShown".into(), json!(more));
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sweep that left many blobs answers the host with a few of their
+    /// names and the count of the rest (each is logged).
+    #[test]
+    fn the_timer_answer_names_at_most_a_few_blobs_left() {
+        let summary = SweepSummary {
+            unresolved: 1000,
+            left: (0..1000).map(|i| format!("B/{i}: w")).collect(),
+            ..SweepSummary::default()
+        };
+        let shown = shown_left(summary);
+        assert_eq!(shown["left"].as_array().unwrap().len(), LEFT_SHOWN);
+        assert_eq!(shown["left"][0], "B/0: w");
+        assert_eq!(shown["leftNotShown"], 1000 - LEFT_SHOWN);
+        assert_eq!(shown["unresolved"], 1000);
+        let few = shown_left(SweepSummary {
+            left: vec!["B/1: w".into()],
+            ..SweepSummary::default()
+        });
+        assert_eq!(
+            (few["left"].as_array().unwrap().len(), &few["leftNotShown"]),
+            (1, &json!(0))
+        );
     }
 }

@@ -193,8 +193,8 @@ pub async fn sweep(
     // during this sweep stops it: every later event would fail the same
     // way. One met before it (a long-running `serve` whose rights were
     // fixed since) does not.
-    let operator_needed_before = processor.operator_needed().is_some();
-    let operator_needed = || !operator_needed_before && processor.operator_needed().is_some();
+    let before = processor.operator_needed_count();
+    let operator_needed = || processor.operator_needed_since(before).is_some();
     let stop = || options.deadline.is_some_and(|d| started.elapsed() >= d) || operator_needed();
     let names = candidates(container, options.prefix.as_deref()).await?;
     let limit = options.max_blobs.unwrap_or(usize::MAX).min(names.len());
@@ -215,7 +215,7 @@ pub async fn sweep(
     }
     progress.finish();
     if operator_needed() {
-        s.stopped = processor.operator_needed().map(str::to_string);
+        s.stopped = processor.operator_needed_since(before);
     }
     Ok(s)
 }

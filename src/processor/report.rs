@@ -118,7 +118,11 @@ impl Processor {
     /// A failed store call, counted by operation and kind.
     pub(super) fn store_error(&self, operation: &'static str, e: &StoreError) {
         if e.needs_operator() {
-            let _ = self.operator_needed.set(e.to_string());
+            let mut state = self
+                .operator_needed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            *state = (state.0 + 1, Some(e.to_string()));
         }
         if let Some(t) = &self.telemetry {
             let kind = match e {
