@@ -1,4 +1,4 @@
-//! What the outbox costs and how fast it goes (issue 32), printed as
+//! What the outbox costs and how fast it goes, printed as
 //! figures, on SQLite (a real file on the working tree's disk) and
 //! Azurite's queue service (started here, in memory, telemetry off):
 //!

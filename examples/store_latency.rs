@@ -1,4 +1,4 @@
-//! What the one-call store protocol costs on the wire (issue 23), printed as
+//! What the one-call store protocol costs on the wire, printed as
 //! figures: round trips per first delivery and per duplicate, counted by a
 //! TCP proxy between the SQL Server store and the server (the tests' own,
 //! `tests/common/proxy.rs`), the cost of 1 ms added each way, concurrency on
@@ -351,7 +351,7 @@ impl Fault {
     }
 }
 
-/// Issue 23 point 7, issue 31 point 5: first deliveries at c=8 from one
+/// Recovery: first deliveries at c=8 from one
 /// store (one instance) or three (a fleet, the 8 callers spread over them)
 /// on an engine of its own, through a proxy, at the production defaults
 /// (connect 10 s, query 8 s); after each fault (an engine restart, a cut, a
@@ -546,7 +546,7 @@ async fn recover_from(
             break None;
         }
     };
-    // Issue 31's bound on a call after a silent drop: one query timeout.
+    // The bound on a call after a silent drop: one query timeout.
     // Over the calls begun after the fault (each answered before its
     // worker ended).
     let longest_call = calls

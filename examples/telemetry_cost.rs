@@ -1,4 +1,4 @@
-//! What telemetry adds to one event's CPU, measured in one process (issue 22).
+//! What telemetry adds to one event's CPU, measured in one process.
 //!
 //! `scripts/bench.sh` measures the whole handler with and without an OTLP
 //! exporter, over HTTP: its figure is the one the target is set on, but two

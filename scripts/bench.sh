@@ -222,16 +222,16 @@ timeout 600 "$BENCH" run \
   --binary "$BIN" --scratch "$SCRATCH/cold" --out "$OUT" "${MSSQL_ARGS[@]}" "${CLUSTER_ARGS[@]}" \
   "${TELEMETRY_ARGS[@]}" "$@"
 
-# The store on the wire (issue 23): SQL round trips per first delivery and
+# The store on the wire: SQL round trips per first delivery and
 # per duplicate counted by a TCP proxy, 1 ms added each way, concurrency and
 # a hot account; SQLite first deliveries through the processor; with the
 # engine's command, the recovery of one store and of three on an engine of
-# its own after a restart, a cut and a silent drop (issue 31; about 4 min).
+# its own after a restart, a cut and a silent drop (about 4 min).
 echo "==> the store on the wire (examples/store_latency)"
 ORDER_GUARD_TEST_MSSQL="${MSSQL_ADO:-}" ORDER_GUARD_TSQL_SERVER="${ENGINE:-}" \
   timeout 900 "$TARGET_DIR/release/examples/store_latency" 200
 
-# The outbox (issue 32): dispatch latency after the commit, throughput
+# The outbox: dispatch latency after the commit, throughput
 # against the queue's ceiling, the first-delivery path with dispatch on and
 # off (to the queue and to an Event Grid topic), and a million rows in the
 # table, on SQLite and, with the engine, on a database of its own

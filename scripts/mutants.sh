@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of the files that make decisions (issue 15). NOT part of
+# Mutation testing of the files that make decisions. NOT part of
 # CI: a run takes tens of minutes. Run it before changing those files' tests,
 # or to check that a new test really pins the behaviour it claims to.
 #

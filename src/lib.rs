@@ -1,7 +1,8 @@
 //! order-guard: an Azure Functions custom handler that executes Event Grid
 //! orders exactly once in effect.
 //!
-//! Data flows one way (see `docs/architecture.md`):
+//! Data flows one way (`docs/architecture.md` says where the imports do not
+//! follow it yet):
 //! [`host`] → [`event`] → [`order`] → [`processor`] → [`guard`] / [`store`];
 //! the processor performs the steps that [`decision`] (pure) chooses, and
 //! keeps [`finished`], this instance's cache of finished orders;

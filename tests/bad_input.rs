@@ -1,4 +1,4 @@
-//! The bad-input corpus (issue 4): every malformed invocation or event gets
+//! The bad-input corpus: every malformed invocation or event gets
 //! the right status and a message saying what is wrong; event-level problems
 //! are acknowledged (200, outcome `rejected`) and stored in `RejectedEvents`
 //! with their reason; invocation-level garbage is refused (400 / 413); none
@@ -173,7 +173,7 @@ fn poison_cases() -> Vec<Poison> {
             Some(json!("Infinity")),
             "limitPrice \"Infinity\": is not a decimal number",
         ),
-        // Fields outside the documented set are refused (issue 10, point 3):
+        // Fields outside the documented set are refused:
         // names are exact, no alias, whatever the value (null too).
         (
             "unknown field orderType",
@@ -686,7 +686,7 @@ fn count_rejected(db: &std::path::Path) -> i64 {
         .unwrap()
 }
 
-/// Issue 10 point 8: an event id of 100 000 characters is kept whole where
+/// An event id of 100 000 characters is kept whole where
 /// it is stored, and shown bounded in the answer (and so in the host's log).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_event_ids_are_stored_whole_and_answered_bounded() {

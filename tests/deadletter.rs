@@ -1,4 +1,4 @@
-//! Dead-lettered orders replayed from Blob Storage (issue 21), against a
+//! Dead-lettered orders replayed from Blob Storage, against a
 //! real Azurite (tests/common/azurite.rs), a real SQLite file and the real
 //! processor: each schema and layout; a mix of orders executed before,
 //! never executed, a conflict and a poison event; an unreadable blob; a
@@ -459,7 +459,7 @@ async fn the_timer_route_sweeps_and_is_off_without_storage() {
     handler.shutdown().await;
 }
 
-/// Issue 34 point 2: every blob is read, copied and deleted by the name it
+/// Every blob is read, copied and deleted by the name it
 /// was listed under. Event Grid writes hours unpadded, but a name that
 /// parses with padded numbers (or any other spelling that differs from the
 /// one rebuilt from its parts) must not be taken for gone: it is executed
@@ -527,7 +527,7 @@ async fn a_blob_is_read_and_moved_by_the_name_it_was_listed_under() {
     }
 }
 
-/// Issue 34 point 3: a blob over the bound is set aside by its listed size
+/// A blob over the bound is set aside by its listed size
 /// without being read: a `RejectedEvents` row with its name, size and
 /// reason (not its body), the blob under `unreadable/`, and the sweep goes
 /// on with the next blob.
@@ -710,7 +710,7 @@ fn wait_with_peak_memory(child: std::process::Child) -> (std::process::ExitStatu
     )
 }
 
-/// Issue 34 point 1: with only `DEAD_LETTER_STORAGE` set (an operator who
+/// With only `DEAD_LETTER_STORAGE` set (an operator who
 /// forgot the app's other settings), `dead-letters replay` and `list`
 /// refuse to run on the embedded defaults: they say which settings are
 /// missing and the flag for a deliberate local replay, leave every blob
@@ -754,7 +754,7 @@ async fn dead_letter_commands_refuse_the_embedded_defaults() {
     assert!(cli.dir.path().join("order-guard.db").exists());
 }
 
-/// Issue 34 points 2 and 3, black-box: a 300 MiB blob under a dead-letter
+/// Black-box: a 300 MiB blob under a dead-letter
 /// name is set aside without being read (the process's peak memory stays
 /// far below it), the padded name after it is replayed, and the command
 /// exits non-zero saying what it set aside.

@@ -1,4 +1,4 @@
-//! Issue 20 point 4: no value an event carries can forge a log line. The
+//! No value an event carries can forge a log line. The
 //! Functions host makes every stdout line of the handler a log entry of its
 //! own, so an event id of `"e1\nFORGED order o-9 executed"` written raw would
 //! be a line saying an order executed. The real binary replays events whose
@@ -107,7 +107,7 @@ fn a_reason_cannot_forge_a_line() {
     assert!(out.contains(&format!("\\u{{2028}}{FORGED}")), "{out}");
 }
 
-/// Issue 22 point 4 (in part): the per-event line keeps its human form and
+/// The per-event line keeps its human form and
 /// carries its fields in a stable `key=value` tail, quoted and escaped.
 #[test]
 fn the_per_event_line_ends_in_a_stable_key_value_tail() {
@@ -166,7 +166,7 @@ fn the_per_event_line_ends_in_a_stable_key_value_tail() {
     );
 }
 
-/// Issue 34 point 5: an order id may hold characters that are not control
+/// An order id may hold characters that are not control
 /// characters (so it is valid) but that a log viewer acts on: a line or
 /// paragraph separator (many viewers split there) and the bidirectional
 /// controls (which reorder what a reader sees). None of them reaches any

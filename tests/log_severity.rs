@@ -1,4 +1,4 @@
-//! Issue 22 point 4: log lines reach the Functions host at their own
+//! Log lines reach the Functions host at their own
 //! severity. The host makes every stdout line Information and every stderr
 //! line Warning when it contains "warn" (any case), else Error
 //! (`order_guard::logging::host_severity`, the host's rule). The real
@@ -159,7 +159,7 @@ fn proceeding_without_the_guard_is_a_warning() {
     assert_levels_match(&lines);
 }
 
-/// Issue 34 point 5: an order id holding the word the host reads as a
+/// An order id holding the word the host reads as a
 /// warning ("warn", any case) does not lower an error's severity: the word
 /// is written with an escape (`w\u{61}rn`), in the human part and the tail.
 #[test]

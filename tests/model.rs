@@ -1,4 +1,4 @@
-//! The protocol, model-checked (issue 12): every interleaving of workers,
+//! The protocol, model-checked: every interleaving of workers,
 //! crashes, reservation expiry, key loss and late writes, up to a bound,
 //! explored with `stateright` on the processor's own decision code.
 //!
@@ -16,10 +16,10 @@
 //!   compare-and-delete. The key can be lost at any step (TTL expiry,
 //!   `FLUSHALL`, a failover losing the last write).
 //! - **The database**: one row per id (the unique index), written by the
-//!   store's one call (issue 23): the row inserted executed, or a row of
+//!   store's one call: the row inserted executed, or a row of
 //!   another content stored as a conflict of this delivery, or a `Received`
 //!   row of this content executed (forward-only, the effect applied with
-//!   it, and its announcement written to the outbox with it: issue 32), or
+//!   it, and its announcement written to the outbox with it), or
 //!   a terminal row answered a duplicate, all in one transaction.
 //!   Two initial worlds: a new order, and one whose row an earlier version
 //!   (two calls: accept, then execute) left `Received`.
@@ -128,7 +128,7 @@ struct World {
     row: Option<Row>,
     /// Effects applied, per content (the position moved).
     executions: [u8; 2],
-    /// Announcements written to the outbox, per content (issue 32): in the
+    /// Announcements written to the outbox, per content: in the
     /// execution's transaction, so one per execution, never another.
     announcements: [u8; 2],
     /// Conflicts stored in `RejectedEvents`, per delivery.

@@ -1,4 +1,4 @@
-//! Operational behaviour of the real binary (issue 4): it starts and serves
+//! Operational behaviour of the real binary: it starts and serves
 //! (degraded, logged) when Redis is down and uses Redis once it is up; it
 //! starts when the database is briefly locked or its disk away; SIGTERM
 //! drains an in-flight invocation, which still gets its answer and

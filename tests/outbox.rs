@@ -1,5 +1,5 @@
 //! The outbox's dispatch against a real Azure Queue Storage API (Azurite's
-//! queue service), issue 32: what executes is announced on the queue with
+//! queue service): what executes is announced on the queue with
 //! its stable id; a destination down or a dispatcher killed between send and
 //! mark loses nothing and repeats only that id; `serve` announces what it
 //! executes, and duplicates announce nothing.

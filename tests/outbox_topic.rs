@@ -1,4 +1,4 @@
-//! The outbox's Event Grid destination (issue 32), contract-tested: a local
+//! The outbox's Event Grid destination, contract-tested: a local
 //! endpoint enforces the publish API's contract as Microsoft documents it
 //! (`tests/common/event_grid.rs`: path and api-version, the access key, the
 //! schema's content type, 1 MB a request, the required fields), and plays

@@ -1,4 +1,4 @@
-//! The deploy package, tested as the Functions host meets it (issue 14):
+//! The deploy package, tested as the Functions host meets it:
 //! `scripts/package.sh` builds it (in the dev profile, see
 //! `build_package`); this test unpacks the zip into an empty
 //! folder with the modes the zip itself carries, checks the layout and that

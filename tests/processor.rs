@@ -537,7 +537,7 @@ async fn an_executed_order_is_a_duplicate_without_another_execution() {
     );
 }
 
-/// Issue 10 point 10: with `ORDER_EVENT_TYPES` set, an event of another type
+/// With `ORDER_EVENT_TYPES` set, an event of another type
 /// carrying an order is rejected with its reason and stored, not placed.
 #[tokio::test]
 async fn an_event_of_another_type_is_rejected_when_types_are_listed() {
@@ -581,7 +581,7 @@ async fn an_event_of_another_type_is_rejected_when_types_are_listed() {
     );
 }
 
-/// Issue 10 point 9: `status " id "` finds the order the processor stored
+/// `status " id "` finds the order the processor stored
 /// as `id` (ids are kept trimmed).
 #[tokio::test]
 async fn status_finds_an_order_by_its_id_with_surrounding_spaces() {
@@ -616,7 +616,7 @@ async fn status_finds_an_order_by_its_id_with_surrounding_spaces() {
     }
 }
 
-/// Issue 10 point 1: the same instant written three ways (the host's
+/// The same instant written three ways (the host's
 /// Newtonsoft round trip writes seven fraction digits or an offset) is one
 /// order: executed once, then duplicates, never conflicts.
 #[tokio::test]
@@ -661,7 +661,7 @@ fn v1_fingerprint(fields: [&str; 8]) -> String {
     order_guard::order::hex(&h.finalize())
 }
 
-/// Issue 10 point 2: rows (and Redis markers) written before the placedAt
+/// Rows (and Redis markers) written before the placedAt
 /// normalization hold version-1 fingerprints of the text as sent. Their
 /// redeliveries stay duplicates (decided from the row), a different order
 /// under their id stays a conflict, and nothing executes twice.
@@ -794,7 +794,7 @@ async fn an_order_overflowing_its_position_is_rejected_with_a_stored_reason() {
 
 /// A field outside the documented set is refused and stored, never
 /// executed: a producer adding `orderType` does not see a different order
-/// taken for a duplicate of the first (issue 10, point 3).
+/// taken for a duplicate of the first.
 #[tokio::test]
 async fn an_order_with_an_unknown_field_is_rejected_and_stored() {
     let (store, _dir) = common::sqlite_store().await;

@@ -1,4 +1,4 @@
-//! Issue 23: what each kind of delivery costs the SQL Server store in round
+//! What each kind of delivery costs the SQL Server store in round
 //! trips, counted on the wire by a TCP proxy between the store and the
 //! server (`common::proxy`: protocol-agnostic, TLS included). A first
 //! delivery is one round trip, and so are a duplicate that reaches the

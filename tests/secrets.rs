@@ -1,4 +1,4 @@
-//! Issue 10 point 5: a secret is never shown. The real binary, with every
+//! A secret is never shown. The real binary, with every
 //! log level on, is started with secrets in the settings that hold them:
 //! refused values stop the start without echoing them, and accepted ones
 //! are never logged or printed.

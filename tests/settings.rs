@@ -1,4 +1,4 @@
-//! `local.settings.json.example` stays in step with the code (issue 14): what
+//! `local.settings.json.example` stays in step with the code: what
 //! `func start` (and a user copying the example into Application settings)
 //! gives the handler is exactly what the handler reads, plus what the
 //! Functions host itself reads.

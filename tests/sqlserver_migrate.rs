@@ -1,4 +1,4 @@
-//! Migrations that finish (issue 34), on the T-SQL engine: a version-2
+//! Migrations that finish, on the T-SQL engine: a version-2
 //! database (`tests/fixtures/sqlserver-schema-v2.sql`) with many positions
 //! is upgraded in batches that each commit; a migration killed half-way and
 //! run again finishes with every position exactly its old value in units,

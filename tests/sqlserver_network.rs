@@ -1,4 +1,4 @@
-//! Issue 31: the SQL Server store on a network that fails as Azure's does.
+//! The SQL Server store on a network that fails as Azure's does.
 //! A proxy of the tests' own (`common::proxy`) stands between the store and
 //! the server and drops every connection silently: no RST, no FIN, the
 //! bytes just go nowhere, as a load balancer that lost its state does. The

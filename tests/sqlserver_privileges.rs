@@ -1,4 +1,4 @@
-//! Least privilege, proven on the T-SQL engine (issue 33): the app runs as
+//! Least privilege, proven on the T-SQL engine: the app runs as
 //! README step 4 deploys it, a database user whose only right is the role
 //! `order_guard_app` that `migrate` makes; a user that lacks a right is
 //! refused at start, naming each right and the fix, and `replay` stops at

@@ -66,8 +66,7 @@ mod suite {
         );
     }
 
-    /// A missing row is never taken for a done order (issue 20 point 3:
-    /// answering `duplicate` would mark it `COMPLETADA` and cache it with no
+    /// A missing row is never taken for a done order (answering `duplicate` would mark it `COMPLETADA` and cache it with no
     /// effect, after a file replaced or restored under a running process):
     /// the one call inserts it and executes it.
     pub async fn an_order_with_no_row_is_executed_never_a_duplicate(store: Arc<dyn OrderStore>) {
@@ -279,7 +278,7 @@ mod suite {
     }
 
     /// Positions are exact to DECIMAL(38,10), beyond the 28-29 digits of a
-    /// 96-bit decimal (issue 10, point 4).
+    /// 96-bit decimal.
     pub async fn positions_stay_exact_beyond_28_digits(store: Arc<dyn OrderStore>) {
         let account = unique_id("acct");
         for _ in 0..9 {
@@ -321,7 +320,7 @@ mod suite {
         rows.into_iter().next()
     }
 
-    /// Issue 32: the call that executes an order writes its announcement,
+    /// The call that executes an order writes its announcement,
     /// in the same transaction, with the facts a consumer acts on; a
     /// duplicate, a conflict and a redelivery write none.
     pub async fn an_execution_is_announced_once_and_nothing_else_is(store: Arc<dyn OrderStore>) {

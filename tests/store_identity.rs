@@ -1,4 +1,4 @@
-//! Issue 20 point 2: a copied database is another database. Its stored id
+//! A copied database is another database. Its stored id
 //! came along with the copy (the SQLite backup API, `VACUUM INTO`, a copied
 //! file; on SQL Server `AS COPY OF`, a restore as a new database, a BACPAC
 //! import), but the completion markers one writes must never answer the

@@ -144,7 +144,7 @@ pub(crate) async fn phase(
         ops += n;
     }
     // A phase that measured nothing fails the run: printed, it would read
-    // as a ceiling of 0 per second and a ratio of infinity (issue 23).
+    // as a ceiling of 0 per second and a ratio of infinity.
     if ops == 0 {
         bail!(
             "the {} phase at c={concurrency} completed no operation inside its {:.1} s window",

@@ -128,7 +128,7 @@ pub(crate) fn print_table(entries: &[Entry]) {
     }
 }
 
-/// Issue 13's goals at concurrency `c`, each said met or missed.
+/// The targets at concurrency `c`, each said met or missed.
 pub(crate) fn print_targets(entries: &[Entry], c: usize) {
     let find = |name: &str| {
         entries

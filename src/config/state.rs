@@ -366,7 +366,7 @@ mod tests {
         assert!(matches!(c.store, StoreConfig::SqlServer { .. }));
     }
 
-    /// Functions containers hosted by their users (issue 34): a Functions
+    /// Functions containers hosted by their users: a Functions
     /// host that is not Core Tools refuses the embedded state as a plan does.
     #[test]
     fn refused_in_self_hosted_functions_containers() {

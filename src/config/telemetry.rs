@@ -1,4 +1,4 @@
-//! `TelemetrySettings` from the standard `OTEL_*` variables (issue 22).
+//! `TelemetrySettings` from the standard `OTEL_*` variables.
 //!
 //! Only what this handler exports is read: OTLP over HTTP/protobuf, for
 //! traces and metrics, and which traces (`OTEL_TRACES_SAMPLER`). Header

@@ -62,7 +62,7 @@ impl SweepFunction {
         }
     }
 
-    /// Also send what the outbox holds at each tick (issue 32): on plans
+    /// Also send what the outbox holds at each tick: on plans
     /// that scale to zero the timer starts an instance when no event does.
     pub fn with_outbox(mut self, outbox: Option<Arc<Dispatcher>>) -> SweepFunction {
         self.outbox = outbox;

@@ -1,5 +1,5 @@
 //! Dead-lettered orders, found in Blob Storage and replayed through the
-//! processor (issue 21).
+//! processor.
 //!
 //! Event Grid retries a delivery for at most its retry policy's attempts
 //! and time to live; then, when the subscription has a dead-letter

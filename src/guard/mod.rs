@@ -1,6 +1,6 @@
 //! The idempotency guard: a fast, shared "who is working on this order" flag.
 //!
-//! Protocol (docs/architecture.md, "The path of one event"): `acquire` sets
+//! Protocol (docs/architecture.md, "The map: the path of one event"): `acquire` sets
 //! `{prefix}{orderId} = PROCESANDO:<token>` only if absent (`SET NX EX`); the
 //! winner processes the order, `complete` turns the key into `COMPLETADA` with
 //! a long TTL to absorb late duplicates, and `release` deletes the key only if

@@ -1,6 +1,6 @@
 //! The order store: the source of truth.
 //!
-//! Protocol (docs/architecture.md, "The path of one event"), in one call:
+//! Protocol (docs/architecture.md, "The map: the path of one event"), in one call:
 //! `execute` inserts the order under a unique index on its id or finds the
 //! row that holds it, and in the same transaction moves a row of this order
 //! `Received → Executed` with a conditional update, applying the position

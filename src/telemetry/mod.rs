@@ -1,4 +1,4 @@
-//! Metrics and traces through OpenTelemetry (issue 22).
+//! Metrics and traces through OpenTelemetry.
 //!
 //! ```text
 //! config ──TelemetrySettings──▶ Telemetry::start ──▶ OTLP/HTTP exporters (export.rs)

@@ -1,4 +1,4 @@
-//! The outbox under chaos (issue 32): every handler dispatches to a real
+//! The outbox under chaos: every handler dispatches to a real
 //! Azure Queue Storage API (Azurite's queue service) through a proxy the
 //! schedule cuts (the destination down), with the send answering 500, 503
 //! or 413, or slow, and dispatchers killed between send and mark (fault

@@ -1,6 +1,5 @@
 //! Chaos: "every order executed exactly once in effect, none lost", proved
-//! under faults with the real binary, a real Redis and a real SQLite file
-//! (issue 4).
+//! under faults with the real binary, a real Redis and a real SQLite file.
 //!
 //! The test starts its own `redis-server`, [`HANDLERS`] handler processes
 //! (`order-guard serve`, built with the `failpoints` feature) sharing that
@@ -88,8 +87,8 @@ const DEADLINE_MS: u64 = 5000;
 /// on purpose: on the T-SQL engine every new session costs about 1.5 s of
 /// CPU before it serves (its first schema-state query 0.5–0.6 s against
 /// 3 ms after, the rights check 0.2 s against 9 ms, the procedure's first
-/// call about 0.7 s then, 2.65–2.81 s on 2026-12-03; `docs/testing.md`,
-/// `docs/benchmarks.md`), which Azure SQL's shared plan
+/// call 0.7 to 2.8 s, measured on different days;
+/// `docs/sqlserver.md`, "A new session's cost on the engine"), which Azure SQL's shared plan
 /// cache does not. Three handlers of 8 reopened 24 such sessions after every
 /// fault on the run's two cores, which measured the engine rather than the
 /// store's recovery (seed 42: attempts 2 787 with 8, 1 654 with 3).

@@ -1,4 +1,4 @@
-//! How fast the fleet recovers from each store fault (issue 31): from the
+//! How fast the fleet recovers from each store fault: from the
 //! moment the store is back (the outage over, the engine accepting logins)
 //! to the first `executed` answer, and to the first second that executes at
 //! 90 % of the rate of the seconds before the fault.

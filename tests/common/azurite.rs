@@ -30,7 +30,7 @@ impl Azurite {
     }
 
     /// Azurite's Queue Storage (`azurite-queue`), in memory: the outbox's
-    /// destination (issue 32).
+    /// destination.
     pub fn start_queue() -> Azurite {
         Azurite::launch("queue", &[])
     }

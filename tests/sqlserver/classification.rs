@@ -55,7 +55,7 @@ async fn other_server_errors_are_permanent_with_the_server_text() {
     }
 }
 
-/// Issue 33: a right or an object of the schema missing is no transient
+/// A right or an object of the schema missing is no transient
 /// failure (retrying fixes nothing) but a deployment fault whose message
 /// says the fix, as SQL Server numbers it and as Babelfish words it.
 #[tokio::test]

@@ -67,7 +67,7 @@ fn the_batches_keep_their_shape() {
     assert!(sql::PURGE_ANNOUNCED.contains("EXEC @Lock = sp_getapplock"));
     assert!(sql::PURGE_ANNOUNCED.contains("@LockOwner = N'Transaction', @LockTimeout = 0"));
     assert!(sql::PURGE_ANNOUNCED.contains("IF @Lock >= 0"));
-    // The lock's result is read, never ignored (issue 34).
+    // The lock's result is read, never ignored.
     assert!(sql::LOCK_SCHEMA.contains("EXEC @Result = sp_getapplock"));
     assert!(sql::LOCK_SCHEMA.ends_with("SELECT @Result AS Result"));
     assert!(sql::LOCK_SCHEMA.contains("@LockOwner = N'Session'"));
@@ -109,7 +109,7 @@ fn sql_server_sum_type((p1, s1): (u32, u32), (p2, s2): (u32, u32)) -> (u32, u32)
     (38, scale.min(38u32.saturating_sub(integral)))
 }
 
-/// Issue 23, trap (a): adding positions in T-SQL must not round. The
+/// Adding positions in T-SQL must not round. The
 /// engine cannot show SQL Server's rounding (Babelfish keeps scale 10), so
 /// the batch's types are checked against SQL Server's rules here.
 #[test]

@@ -1,4 +1,4 @@
-//! Telemetry that is lost is counted (issue 22 point 3): spans the full
+//! Telemetry that is lost is counted: spans the full
 //! queue dropped, spans and metric data points whose export failed, read
 //! back by the receiver (`otel.sdk.*`, OpenTelemetry's conventions for an
 //! SDK's own metrics) from an export that got through; and said once per

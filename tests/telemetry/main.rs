@@ -1,4 +1,4 @@
-//! Issue 22: what the handler exports through OpenTelemetry, read by a local
+//! What the handler exports through OpenTelemetry, read by a local
 //! OTLP/HTTP receiver (`receiver.rs`) with the official protobuf
 //! definitions. The real binary runs on real components (a redis-server
 //! from tests/common, a SQLite file); the receiver gets everything at the

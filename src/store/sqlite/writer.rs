@@ -26,8 +26,8 @@ const STATEMENT_CACHE: usize = 64;
 
 /// One of the writer's own statements (`BEGIN IMMEDIATE`, a savepoint, …),
 /// prepared once per connection: they run around every call, and parsing
-/// them each time was part of what `docs/benchmarks.md` ("Statements
-/// parsed once") measured.
+/// them each time cost part of a first delivery's instructions
+/// (`docs/architecture.md`, "SQLite's hot statements are prepared once").
 fn run_cached(conn: &Connection, sql: &str) -> Result<(), rusqlite::Error> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }

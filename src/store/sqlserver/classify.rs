@@ -214,7 +214,7 @@ pub fn pool_timeout(what: &str, timeout: std::time::Duration, last: Option<Strin
 mod tests {
     use super::*;
 
-    /// Issue 33: a missing right is not `retry` forever but a deployment
+    /// A missing right is not `retry` forever but a deployment
     /// fault, in SQL Server's numbers and in Babelfish's wording.
     #[test]
     fn permission_denied_and_missing_objects_are_deployment_faults() {
@@ -247,7 +247,7 @@ mod tests {
         }
     }
 
-    /// Issue 31: a killed session or a server shutting down is a cut, by
+    /// A killed session or a server shutting down is a cut, by
     /// number or by a fatal class; an ordinary error (class 16) is not.
     #[test]
     fn a_killed_session_or_a_fatal_error_ends_the_session() {

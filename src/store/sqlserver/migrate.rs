@@ -1,5 +1,5 @@
 //! `migrate` on SQL Server: create or upgrade the schema, serialized
-//! across processes, finishing however large the tables are (issue 34).
+//! across processes, finishing however large the tables are.
 //!
 //! One migration, under an exclusive application lock owned by the session
 //! (`sql::LOCK_SCHEMA`; its result is checked, never ignored):

@@ -109,11 +109,11 @@ pub const LOGINS_AT_ONCE: usize = 2;
 /// (bb8's `min_idle`): one, so a pool emptied by an outage starts refilling
 /// the moment the server takes logins again. Not two: measured in the SQL
 /// Server chaos run (seed 42), two doubled the logins of every start (each
-/// new session compiles the procedure on Babelfish, 0.7 s of CPU when
-/// measured, 2.65–2.81 s on 2026-12-03: `docs/benchmarks.md`),
-/// and with handlers killed and restarted the starts' schema checks missed
-/// their 3 s (attempts 3 614 to 4 096 for 691 deliveries, against 2 044 to
-/// 2 130 before issue 31 and 2 088 with one).
+/// new session compiles the procedure on Babelfish, 0.7 to 2.8 s of CPU,
+/// measured on different days: `docs/sqlserver.md`, "A new session's cost
+/// on the engine"), and with handlers killed and restarted the starts'
+/// schema checks missed their 3 s (attempts 3 614 to 4 096 for 691
+/// deliveries, against 2 088 with one).
 pub const MIN_IDLE: u32 = 1;
 
 /// How long one login may run once it has its turn: the connect timeout,

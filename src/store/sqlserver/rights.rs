@@ -1,5 +1,5 @@
 //! Does the connected user hold every right order-guard uses? Checked at
-//! every start once the schema is current (issue 33), so a deployment
+//! every start once the schema is current, so a deployment
 //! whose database user lacks one refuses to start, naming each missing
 //! right and the fix, instead of answering `retry` for every order.
 //!

@@ -136,8 +136,8 @@ pub fn execute_procedure_batches() -> [String; 3] {
 /// table. It makes the server compile the procedure for the connection
 /// inside the paced login (`pool.rs`), not inside the first caller's query
 /// timeout: on the CI's engine (Babelfish) each new session compiles it
-/// again (0.7 s of CPU when measured, 2.65–2.81 s on 2026-12-03:
-/// `docs/benchmarks.md`), against about 1.5 ms for a call after it;
+/// again (0.7 to 2.8 s of CPU, measured on different days:
+/// `docs/sqlserver.md`), against about 1.5 ms for a call after it;
 /// SQL Server compiles it once for all sessions and answers this in a
 /// round trip.
 /// Skipped on a database `migrate` has not made it in yet.
@@ -309,7 +309,7 @@ pub const SELECT_ORDER: &str = "SELECT OrderId, Fingerprint, AccountId, Side, Sy
      CONVERT(NVARCHAR(40), ExecutedAt, 126) AS ExecutedAt, PlacedAt \
      FROM dbo.Orders WHERE OrderId = @P1";
 
-/// The whole of `execute` in one round trip and one transaction (issue 23):
+/// The whole of `execute` in one round trip and one transaction:
 /// insert the order under the unique index, or find the row holding its id;
 /// if that row is this order and not yet terminal, apply the position
 /// change and move it `Received → Executed` (or `Received → Rejected` with
