@@ -1,4 +1,4 @@
-//! `OUTBOX_*`: where executions are announced (issue 32).
+//! `OUTBOX_*`: where executions are announced.
 
 use std::time::Duration;
 
@@ -41,6 +41,7 @@ pub(super) fn outbox(
             ))
         }
     };
+    let message_ttl = message_ttl(val("OUTBOX_MESSAGE_TTL_SECONDS"))?;
     let naming = Naming {
         type_prefix: word(
             val("OUTBOX_EVENT_TYPE_PREFIX"),
@@ -82,7 +83,7 @@ pub(super) fn outbox(
                 },
                 queue,
                 encoding,
-                message_ttl: message_ttl(val("OUTBOX_MESSAGE_TTL_SECONDS"))?,
+                message_ttl,
             })
         }
     };
