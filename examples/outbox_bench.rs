@@ -53,15 +53,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use order_guard::deadletter::storage::{
-    parse_storage_of, Secret, Service, EMULATOR_ACCOUNT, EMULATOR_KEY,
-};
 use order_guard::guard::{GuardSettings, MemoryGuard};
 use order_guard::outbox::{
     Destination, DispatchSettings, Dispatcher, Encoding, QueueDestination, QueueSettings, Schema,
     TopicAuth, TopicDestination, TopicSettings,
 };
 use order_guard::processor::{OutcomeKind, Processor, ProcessorSettings};
+use order_guard::storage::{parse_storage_of, Secret, Service, EMULATOR_ACCOUNT, EMULATOR_KEY};
 use order_guard::store::sqlserver::SqlServerSettings;
 use order_guard::store::{Listing, OrderStore, SqlServerStore, SqliteStore};
 use serde_json::json;

@@ -88,7 +88,7 @@ fn refusal_response(r: Refusal) -> warp::reply::Response {
     log::warn!(
         "invocation refused ({}): {}",
         r.status.as_u16(),
-        crate::event::escaped(&r.message)
+        crate::text::escaped(&r.message)
     );
     let error = ErrorReturn { error: &r.message };
     invoke_response(r.status, vec![r.message.clone()], error)
@@ -228,7 +228,7 @@ where
             StatusCode::NOT_FOUND,
             format!(
                 "no function named {:?}; this handler serves {FUNCTION_NAME} and {SWEEP_FUNCTION}",
-                crate::event::shown(function)
+                crate::text::shown(function)
             ),
         ));
     }
@@ -312,7 +312,7 @@ fn members<'a>(
         let message = match e.classify() {
             Category::Data => not_object(
                 serde_json::from_str::<Value>(text)
-                    .map(|v| crate::order::json_kind(&v))
+                    .map(|v| crate::text::json_kind(&v))
                     .unwrap_or("something else"),
             ),
             _ => format!("request body is not valid JSON: {e}"),
@@ -352,11 +352,7 @@ fn trigger_value(body: &[u8]) -> Result<Value, Refusal> {
     })?;
     let Some(trigger) = take_ci(&mut data, BINDING_NAME) else {
         // Bounded: the names are the sender's, of any number and length.
-        let mut found: Vec<String> = data
-            .keys()
-            .take(8)
-            .map(|k| crate::event::shown(k))
-            .collect();
+        let mut found: Vec<String> = data.keys().take(8).map(|k| crate::text::shown(k)).collect();
         if data.len() > 8 {
             found.push(format!("… {} more", data.len() - 8));
         }
@@ -385,7 +381,7 @@ fn answer(result: TriggerResult) -> warp::reply::Response {
                 o.outcome.as_str(),
                 o.reason
                     .as_deref()
-                    .map(|r| format!(": {}", crate::event::escaped(r)))
+                    .map(|r| format!(": {}", crate::text::escaped(r)))
                     .unwrap_or_default()
             )
         })

@@ -1,8 +1,8 @@
 //! order-guard: an Azure Functions custom handler that executes Event Grid
 //! orders exactly once in effect.
 //!
-//! Data flows one way (`docs/architecture.md` says where the imports do not
-//! follow it yet):
+//! Data flows one way, and no module imports one that imports it back
+//! (`docs/architecture.md`):
 //! [`host`] → [`event`] → [`order`] → [`processor`] → [`guard`] / [`store`];
 //! the processor performs the steps that [`decision`] (pure) chooses, and
 //! keeps [`finished`], this instance's cache of finished orders;
@@ -11,7 +11,10 @@
 //! hosting plan it describes); [`app`] wires the pieces together for the
 //! binary's commands; [`logging`] puts each log line on the stream that
 //! gives it its severity on the Functions host; [`tls`] installs the one
-//! TLS crypto provider every HTTPS and `rediss://` client uses.
+//! TLS crypto provider every HTTPS and `rediss://` client uses; [`text`]
+//! (how values are shown in logs and messages) and [`storage`] (an Azure
+//! Storage account's settings, for the outbox and the dead-letter sweep)
+//! are leaves every layer may import.
 
 pub mod app;
 pub mod config;
@@ -29,6 +32,8 @@ pub mod order;
 pub mod outbox;
 pub mod position;
 pub mod processor;
+pub mod storage;
 pub mod store;
 pub mod telemetry;
+pub mod text;
 pub mod tls;

@@ -51,13 +51,13 @@ fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
 
 /// A stderr record's message as written (pure): one line whatever it
 /// holds (control characters, separators and bidi controls escaped, as
-/// [`crate::event::escaped`] does), and, on an error, without the word the
+/// [`crate::text::escaped`] does), and, on an error, without the word the
 /// host reads as a warning, so that the host grades the line at the
 /// record's own level.
 pub fn for_stderr(level: Level, message: &str) -> std::borrow::Cow<'_, str> {
     match level {
-        Level::Error => crate::event::escaped(message),
-        _ => crate::event::one_line(message),
+        Level::Error => crate::text::escaped(message),
+        _ => crate::text::one_line(message),
     }
 }
 

@@ -13,6 +13,8 @@ use rust_decimal::Decimal;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::text::{json_kind, truncate};
+
 /// Longest accepted `orderId`, `accountId`, `symbol` in UTF-16 units (they are
 /// keys and index columns: `NVARCHAR(128)` on SQL Server).
 pub const MAX_ID_LEN: usize = 128;
@@ -63,7 +65,7 @@ pub enum FractionalNumbers {
 }
 
 /// Most unknown field names one refusal names (each shown at most
-/// [`crate::event::MAX_SHOWN_ID`] characters long).
+/// [`crate::text::MAX_SHOWN_ID`] characters long).
 const MAX_NAMED_UNKNOWN: usize = 5;
 
 /// Buy or sell. A buy adds to the position, a sell takes from it.
@@ -419,7 +421,7 @@ fn refuse_unknown_fields(obj: &Map<String, Value>) -> Result<(), InvalidOrder> {
     let mut named = unknown
         .iter()
         .take(MAX_NAMED_UNKNOWN)
-        .map(|k| format!("{:?}", crate::event::shown(k)))
+        .map(|k| format!("{:?}", crate::text::shown(k)))
         .collect::<Vec<_>>()
         .join(", ");
     if unknown.len() > MAX_NAMED_UNKNOWN {
@@ -733,29 +735,6 @@ impl<'a> JsonNumber<'a> {
             let (i, f) = digits.split_at(point as usize);
             format!("{i}.{f}")
         })
-    }
-}
-
-/// A short name for a JSON value's type, for error messages.
-pub fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// At most `max` characters of `s`, with an ellipsis when cut (for messages).
-pub fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        s.to_string()
-    } else {
-        let mut t: String = s.chars().take(max).collect();
-        t.push('…');
-        t
     }
 }
 

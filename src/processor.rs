@@ -29,7 +29,7 @@ use crate::decision::{
     HeldElsewhere, Recollection, Reply, Step, Why,
 };
 pub use crate::decision::{completion_marker, GuardPolicy, OutcomeKind};
-use crate::event::{check_type, escaped, normalize, parse_envelope, shown, Delivery, Quoted};
+use crate::event::{check_type, normalize, parse_envelope, Delivery};
 use crate::faults;
 use crate::finished::{FinishedCacheSettings, FinishedOrders};
 use crate::guard::{Acquisition, IdempotencyGuard, Token};
@@ -37,6 +37,7 @@ use crate::order::{probable_order_id, FractionalNumbers, Order};
 use crate::outbox::Announcer;
 use crate::store::{conflict_reason, Execution, OrderStore, Rejection, RejectionKind, StoreError};
 use crate::telemetry::{EventTelemetry, StepTiming};
+use crate::text::{escaped, shown, Quoted};
 
 mod report;
 use report::STORE;

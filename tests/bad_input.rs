@@ -699,7 +699,7 @@ async fn long_event_ids_are_stored_whole_and_answered_bounded() {
     .await;
     let client = hyper::Client::new();
     let long_id = format!("{}{}", "e".repeat(100_000), uuid::Uuid::new_v4().simple());
-    let shown = format!("{}…", &long_id[..order_guard::event::MAX_SHOWN_ID]);
+    let shown = format!("{}…", &long_id[..order_guard::text::MAX_SHOWN_ID]);
     let valid_id = common::unique_id("long-eid");
     let poison_data = data_with(&common::unique_id("long-eid"), "side", Some(json!("hold")));
     for (data, outcome) in [

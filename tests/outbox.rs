@@ -31,9 +31,9 @@ fn order(id: &str, account: &str, side: &str, qty: &str) -> Order {
 
 fn queue_settings(azurite: &Azurite, queue: &str) -> QueueSettings {
     QueueSettings {
-        storage: order_guard::deadletter::storage::parse_storage_of(
+        storage: order_guard::storage::parse_storage_of(
             &azurite.queue_connection_string(),
-            order_guard::deadletter::storage::Service::Queue,
+            order_guard::storage::Service::Queue,
         )
         .unwrap(),
         queue: queue.into(),
@@ -352,9 +352,9 @@ async fn the_dispatchers_sas_may_only_add_to_its_queue() {
     azurite.create_queue("order-executed").await;
     azurite.create_queue("other").await;
     let sas = queue_sas(
-        order_guard::deadletter::storage::EMULATOR_ACCOUNT,
+        order_guard::storage::EMULATOR_ACCOUNT,
         "order-executed",
-        order_guard::deadletter::storage::EMULATOR_KEY,
+        order_guard::storage::EMULATOR_KEY,
         "a",
         std::time::SystemTime::now() + Duration::from_secs(600),
     )

@@ -9,11 +9,11 @@ mod common;
 
 use std::sync::Arc;
 
-use order_guard::deadletter::storage::Secret;
 use order_guard::order::Order;
 use order_guard::outbox::{
     Destination, DispatchSettings, Dispatcher, Schema, TopicAuth, TopicDestination, TopicSettings,
 };
+use order_guard::storage::Secret;
 use order_guard::store::{message_id, Execution, Listing, OrderStore};
 use serde_json::json;
 

@@ -722,7 +722,7 @@ pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<Status> {
                     a.attempts,
                     a.last_error
                         .as_deref()
-                        .map(crate::event::escaped)
+                        .map(crate::text::escaped)
                         .unwrap_or_default(),
                     a.message_id
                 ),

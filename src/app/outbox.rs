@@ -67,11 +67,11 @@ pub async fn outbox_list(config: &Config) -> anyhow::Result<String> {
             "{} {} order {} executed {} attempts {}{}",
             if a.parked { "parked " } else { "waiting" },
             a.message_id,
-            crate::event::Quoted(&a.order_id),
+            crate::text::Quoted(&a.order_id),
             a.executed_at,
             a.attempts,
             a.last_error
-                .map(|e| format!(": {}", crate::event::escaped(&e)))
+                .map(|e| format!(": {}", crate::text::escaped(&e)))
                 .unwrap_or_default()
         )?;
     }

@@ -2,9 +2,8 @@
 //! sweep replays.
 
 use super::{err, ConfigError};
-use crate::deadletter::storage::{
-    check_container, parse_storage, DeadLetterSettings, StorageTarget,
-};
+use crate::deadletter::DeadLetterSettings;
+use crate::storage::{check_container, parse_storage, StorageTarget};
 
 /// Default `DEAD_LETTER_CONTAINER`.
 pub const DEFAULT_DEAD_LETTER_CONTAINER: &str = "deadletters";
@@ -56,7 +55,7 @@ pub(super) fn dead_letter(
 mod tests {
     use super::*;
     use crate::config::tests::config;
-    use crate::deadletter::storage::DEFAULT_MAX_BLOB_BYTES;
+    use crate::deadletter::DEFAULT_MAX_BLOB_BYTES;
 
     #[test]
     fn the_dead_letter_settings() {

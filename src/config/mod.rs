@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::deadletter::storage::DeadLetterSettings;
+use crate::deadletter::DeadLetterSettings;
 use crate::finished::FinishedCacheSettings;
 use crate::guard::GuardSettings;
 use crate::guard::MEMORY_GUARD_MAX_COMPLETED;
@@ -235,7 +235,7 @@ impl Config {
             val("DEAD_LETTER_CONTAINER"),
             num(
                 "DEAD_LETTER_MAX_BLOB_BYTES",
-                crate::deadletter::storage::DEFAULT_MAX_BLOB_BYTES,
+                crate::deadletter::DEFAULT_MAX_BLOB_BYTES,
                 64 * 1024,
                 32 * 1024 * 1024,
             )?,

@@ -3,13 +3,11 @@
 use std::time::Duration;
 
 use super::{err, ConfigError};
-use crate::deadletter::storage::{
-    check_container, parse_storage_of, Secret, Service, StorageTarget,
-};
 use crate::outbox::{
     DestinationSettings, DispatchSettings, Encoding, Naming, OutboxSettings, QueueSettings, Schema,
     TopicAuth, TopicSettings,
 };
+use crate::storage::{check_container, parse_storage_of, Secret, Service, StorageTarget};
 
 /// Default `OUTBOX_QUEUE`.
 pub const DEFAULT_OUTBOX_QUEUE: &str = "order-executed";
@@ -304,7 +302,7 @@ mod tests {
     /// key or a SAS is kept as it is).
     #[test]
     fn the_user_assigned_identity_signs_every_storage_client_in() {
-        use crate::deadletter::storage::Credential;
+        use crate::storage::Credential;
         let id = "6f1c3b52-8d1e-4c5a-9f43-2b7d0e9a1c11";
         let c = config(&[
             ("AZURE_CLIENT_ID", id),

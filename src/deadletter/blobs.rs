@@ -18,7 +18,8 @@ use object_store::{
 };
 use tokio::sync::Mutex;
 
-use super::storage::{Credential, DeadLetterSettings};
+use super::DeadLetterSettings;
+use crate::storage::Credential;
 
 /// Each request to Blob Storage is bounded by this (retries included).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

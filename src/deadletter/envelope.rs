@@ -26,7 +26,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::order::{json_kind, truncate};
+use crate::text::{json_kind, truncate};
 
 /// Top-level fields Event Grid adds to an Event Grid schema event.
 const EVENT_GRID_FIELDS: [&str; 6] = [

@@ -3,10 +3,72 @@
 //! decide each next step from what the last one found, and count the
 //! result in the summary.
 
+use std::fmt;
+
+use serde::Serialize;
+
 use super::blobs::Moved;
 use super::name::{REPLAYED, UNREADABLE};
-use super::sweep::SweepSummary;
 use crate::processor::OutcomeKind;
+use crate::text::escaped;
+
+/// What a sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SweepSummary {
+    /// Blobs looked at.
+    pub blobs: u64,
+    pub events: u64,
+    pub executed: u64,
+    pub duplicates: u64,
+    pub conflicts: u64,
+    pub rejected: u64,
+    /// Events answered `retry` or `in_progress`: their blobs stay.
+    pub retries: u64,
+    /// Blobs left where they are (an event to retry, a store or storage
+    /// failure, a name in no documented layout, a blob listed but neither
+    /// found nor moved).
+    pub unresolved: u64,
+    /// Blobs this sweep moved under `replayed/` (one another sweep moved
+    /// first is not counted: each blob is moved once).
+    pub moved: u64,
+    /// Blobs that held no events or were over the size bound: stored as
+    /// poison (name, size, reason), moved by this sweep under `unreadable/`.
+    pub unreadable: u64,
+    /// Blobs not looked at because of `--max-blobs`, the deadline, or a
+    /// stop.
+    pub not_reached: u64,
+    /// Why the sweep stopped early: a store failure no retry can fix (a
+    /// right or the schema missing), with the fix.
+    pub stopped: Option<String>,
+    /// Each blob left, and why.
+    pub left: Vec<String>,
+}
+
+impl fmt::Display for SweepSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "blobs={} events={} executed={} duplicates={} conflicts={} rejected={} retries={} unresolved={} moved={} unreadable={}",
+            self.blobs,
+            self.events,
+            self.executed,
+            self.duplicates,
+            self.conflicts,
+            self.rejected,
+            self.retries,
+            self.unresolved,
+            self.moved,
+            self.unreadable
+        )?;
+        if self.not_reached > 0 {
+            write!(f, " not_reached={}", self.not_reached)?;
+        }
+        if let Some(why) = &self.stopped {
+            write!(f, " stopped: {}", escaped(why))?;
+        }
+        Ok(())
+    }
+}
 
 /// Why a blob named in no documented layout is left.
 pub const NOT_A_DEAD_LETTER: &str = "not in a documented dead-letter layout (<SUBSCRIPTION>/<yyyy>/<M>/<d>/<H>/<guid>.json or <namespace>/<topic>/<subscription>/…); move it out of the dead-letter container, or replay its events with `order-guard replay FILE`";

@@ -24,10 +24,30 @@ pub mod fate;
 pub mod function;
 pub mod name;
 pub mod progress;
-pub mod storage;
 pub mod sweep;
 
 pub use blobs::{BlobError, Container};
 pub use envelope::{parse_blob, DeadLettered, Metadata, Unreadable};
-pub use storage::{DeadLetterSettings, StorageTarget};
 pub use sweep::{list, sweep, ListSummary, Progress, SweepOptions, SweepSummary};
+
+use crate::storage::StorageTarget;
+
+/// The sweep's settings (built by `config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterSettings {
+    pub storage: StorageTarget,
+    pub container: String,
+    /// The largest blob the sweep reads (`DEAD_LETTER_MAX_BLOB_BYTES`,
+    /// default [`DEFAULT_MAX_BLOB_BYTES`]); a larger one is set aside
+    /// unread, so one blob cannot take the process's memory.
+    pub max_blob_bytes: u64,
+}
+
+/// Default `DEAD_LETTER_MAX_BLOB_BYTES`: 4 MiB. Event Grid writes a blob per
+/// dead-lettered delivery: events of at most 1 MB, a batch of at most
+/// 1 MB (a larger single event is sent alone), each event with its
+/// dead-letter fields added (under 300 bytes an event; a batch holds at
+/// most 5 000 events, so at most 1.5 MB of them). So a real dead letter is
+/// under 2.5 MB; 4 MiB leaves room, and a sweep holds one blob and its
+/// parsed events at a time.
+pub const DEFAULT_MAX_BLOB_BYTES: u64 = 4 * 1024 * 1024;

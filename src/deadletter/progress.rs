@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::sweep::Progress;
-use crate::event::escaped;
+use crate::text::escaped;
 
 /// The right kind for this process's stderr.
 pub fn for_stderr() -> Box<dyn Progress> {

@@ -29,18 +29,19 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use serde::Serialize;
 use serde_json::Value;
 use tokio::time::Instant;
 
 use super::blobs::{BlobError, Container, Listed, Read};
 use super::envelope::{parse_blob, Metadata};
+pub use super::fate::SweepSummary;
 use super::fate::{self, Fate, First};
 use super::name::{self, BlobName, REPLAYED, UNREADABLE};
-use crate::event::{check_type, escaped, parse_envelope};
+use crate::event::{check_type, parse_envelope};
 use crate::order::Order;
 use crate::processor::{OutcomeKind, Processor, ProcessorSettings};
 use crate::store::{OrderRecord, OrderStore, Rejection, RejectionKind};
+use crate::text::escaped;
 
 /// How long storing an unreadable blob's rejection may take.
 const REJECT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -68,64 +69,6 @@ pub trait Progress: Send + Sync {
 /// Tells nothing.
 pub struct Silent;
 impl Progress for Silent {}
-
-/// What a sweep did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct SweepSummary {
-    /// Blobs looked at.
-    pub blobs: u64,
-    pub events: u64,
-    pub executed: u64,
-    pub duplicates: u64,
-    pub conflicts: u64,
-    pub rejected: u64,
-    /// Events answered `retry` or `in_progress`: their blobs stay.
-    pub retries: u64,
-    /// Blobs left where they are (an event to retry, a store or storage
-    /// failure, a name in no documented layout, a blob listed but neither
-    /// found nor moved).
-    pub unresolved: u64,
-    /// Blobs this sweep moved under `replayed/` (one another sweep moved
-    /// first is not counted: each blob is moved once).
-    pub moved: u64,
-    /// Blobs that held no events or were over the size bound: stored as
-    /// poison (name, size, reason), moved by this sweep under `unreadable/`.
-    pub unreadable: u64,
-    /// Blobs not looked at because of `--max-blobs`, the deadline, or a
-    /// stop.
-    pub not_reached: u64,
-    /// Why the sweep stopped early: a store failure no retry can fix (a
-    /// right or the schema missing), with the fix.
-    pub stopped: Option<String>,
-    /// Each blob left, and why.
-    pub left: Vec<String>,
-}
-
-impl fmt::Display for SweepSummary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "blobs={} events={} executed={} duplicates={} conflicts={} rejected={} retries={} unresolved={} moved={} unreadable={}",
-            self.blobs,
-            self.events,
-            self.executed,
-            self.duplicates,
-            self.conflicts,
-            self.rejected,
-            self.retries,
-            self.unresolved,
-            self.moved,
-            self.unreadable
-        )?;
-        if self.not_reached > 0 {
-            write!(f, " not_reached={}", self.not_reached)?;
-        }
-        if let Some(why) = &self.stopped {
-            write!(f, " stopped: {}", escaped(why))?;
-        }
-        Ok(())
-    }
-}
 
 /// A listed blob the sweep looks at: the name and size as listed, and the
 /// name read in a documented layout (`None`: in none).

@@ -307,7 +307,7 @@ impl Dispatcher {
                 log::error!(
                     "announcement {} of order {} parked: {}; `order-guard outbox retry {}` sends it again once the cause is fixed",
                     row.message_id,
-                    crate::event::Quoted(&row.order_id),
+                    crate::text::Quoted(&row.order_id),
                     d.error,
                     row.message_id
                 );

@@ -31,7 +31,7 @@ use sha2::Sha256;
 
 use super::envelope::Form;
 use super::pack::{pack, Refusal};
-use crate::deadletter::storage::{Credential, StorageTarget};
+use crate::storage::{Credential, StorageTarget};
 
 /// The service version the SAS is signed for.
 const SAS_VERSION: &str = "2021-08-06";
@@ -320,7 +320,7 @@ mod tests {
         let sas = queue_sas(
             "devstoreaccount1",
             "order-executed",
-            crate::deadletter::storage::EMULATOR_KEY,
+            crate::storage::EMULATOR_KEY,
             "a",
             expiry,
         )

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use super::envelope::Form;
 use super::pack::{pack, Refusal};
-use crate::deadletter::storage::Secret;
+use crate::storage::Secret;
 
 /// The API version of the publish call.
 pub const API_VERSION: &str = "2018-01-01";
@@ -148,7 +148,7 @@ impl TopicDestination {
             return Ok(());
         }
         let body = head(response, ERROR_DETAIL_BYTES).await;
-        let detail = crate::event::escaped(&body);
+        let detail = crate::text::escaped(&body);
         let message = match status {
             401 | 403 => format!("the topic refused the credential ({status}): check OUTBOX_TOPIC_KEY, or the app's EventGrid Data Sender role; {detail}"),
             404 => format!("no topic at OUTBOX_TOPIC_ENDPOINT (404): {detail}"),

@@ -97,7 +97,7 @@ impl Processor {
     ) {
         let Some(t) = &self.telemetry else { return };
         let elapsed = arrived.1.elapsed();
-        let event_id = event_id.map(crate::event::shown);
+        let event_id = event_id.map(crate::text::shown);
         t.event(&EventReport {
             order_id,
             event_id: event_id.as_deref(),

@@ -8,8 +8,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use order_guard::deadletter::storage::{DeadLetterSettings, EMULATOR_ACCOUNT, EMULATOR_KEY};
 use order_guard::deadletter::Container;
+use order_guard::deadletter::DeadLetterSettings;
+use order_guard::storage::{EMULATOR_ACCOUNT, EMULATOR_KEY};
 use sha2::{Digest, Sha256};
 
 pub struct Azurite {
@@ -263,10 +264,9 @@ impl Azurite {
     /// The sweep's settings for `container` here.
     pub fn settings(&self, container: &str) -> DeadLetterSettings {
         DeadLetterSettings {
-            storage: order_guard::deadletter::storage::parse_storage(&self.connection_string())
-                .unwrap(),
+            storage: order_guard::storage::parse_storage(&self.connection_string()).unwrap(),
             container: container.to_string(),
-            max_blob_bytes: order_guard::deadletter::storage::DEFAULT_MAX_BLOB_BYTES,
+            max_blob_bytes: order_guard::deadletter::DEFAULT_MAX_BLOB_BYTES,
         }
     }
 

@@ -1,5 +1,8 @@
-//! `DEAD_LETTER_STORAGE`: where the dead-letter container is and how to sign
-//! in, read by pure functions (`config` calls [`parse_storage`]).
+//! Azure Storage: where an account's blob or queue service is and how to
+//! sign in, read by pure functions from a setting's value (`config` calls
+//! [`parse_storage`] for `DEAD_LETTER_STORAGE` and [`parse_storage_of`] for
+//! `OUTBOX_STORAGE`). Shared by the dead-letter sweep and the outbox; it
+//! imports neither.
 //!
 //! Accepted forms:
 //! - a storage connection string, as the portal shows it
@@ -134,26 +137,6 @@ pub struct StorageTarget {
     /// The container, when the value was a container URL.
     pub container: Option<String>,
 }
-
-/// The sweep's settings (built by `config`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetterSettings {
-    pub storage: StorageTarget,
-    pub container: String,
-    /// The largest blob the sweep reads (`DEAD_LETTER_MAX_BLOB_BYTES`,
-    /// default [`DEFAULT_MAX_BLOB_BYTES`]); a larger one is set aside
-    /// unread, so one blob cannot take the process's memory.
-    pub max_blob_bytes: u64,
-}
-
-/// Default `DEAD_LETTER_MAX_BLOB_BYTES`: 4 MiB. Event Grid writes a blob per
-/// dead-lettered delivery: events of at most 1 MB, a batch of at most
-/// 1 MB (a larger single event is sent alone), each event with its
-/// dead-letter fields added (under 300 bytes an event; a batch holds at
-/// most 5 000 events, so at most 1.5 MB of them). So a real dead letter is
-/// under 2.5 MB; 4 MiB leaves room, and a sweep holds one blob and its
-/// parsed events at a time.
-pub const DEFAULT_MAX_BLOB_BYTES: u64 = 4 * 1024 * 1024;
 
 /// A connection string's `key=value` pairs, keys as written (compare them
 /// without case), values trimmed; a value may hold `=` (base64 keys end
