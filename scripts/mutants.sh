@@ -24,7 +24,7 @@
 #            to check that a new test catches what a run left
 #
 # Examples:
-#   scripts/mutants.sh src/order.rs src/guard/memory.rs
+#   scripts/mutants.sh src/order/number.rs src/guard/memory.rs
 #   scripts/mutants.sh src/processor.rs -- --lib --test processor --test guard
 #
 # Every run builds with `--features failpoints`, installs cargo-mutants when
