@@ -14,7 +14,8 @@
 #    nothing here), its absence is said once and the SQL Server tests do not
 #    run (the T-SQL is still parsed below);
 # 3. checks formatting and lints;
-# 4. runs every test target, with the fault points compiled in;
+# 4. scans the azd template (infra/) with checkov (scripts/check-infra.sh);
+# 5. runs every test target, with the fault points compiled in;
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each step's header says when it began (minutes into the run): where CI's
@@ -51,6 +52,9 @@ wait_for() {
 setsid scripts/ensure-azure-cli.sh >.tools/azure-cli.log 2>&1 &
 azure_cli=$!
 background+=("$azure_cli")
+setsid scripts/ensure-checkov.sh >.tools/checkov.log 2>&1 &
+checkov_install=$!
+background+=("$checkov_install")
 if [ -n "${ORDER_GUARD_FUZZ_SECONDS:-}" ]; then
   # Under the kernel's autogroup scheduling a new session is a group of its
   # own, sharing the CPU equally with the rest whatever its nice: the
@@ -99,11 +103,15 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets --features failpoints -- -D warnings
 
+wait_for "scripts/ensure-checkov.sh" "$checkov_install" .tools/checkov.log
+step "checkov over infra/ (scripts/check-infra.sh)"
+scripts/check-infra.sh
+
 wait_for "scripts/ensure-azure-cli.sh" "$azure_cli" .tools/azure-cli.log
 step "cargo test --all-targets --features failpoints"
 cargo test --all-targets --features failpoints "$@"
 
-# 5. With ORDER_GUARD_FUZZ_SECONDS (.ci/run sets 30), every fuzz target for
+# 6. With ORDER_GUARD_FUZZ_SECONDS (.ci/run sets 30), every fuzz target for
 #    that long on its corpus (scripts/fuzz.sh; its build, started at the
 #    beginning, is mostly done by then).
 if [ -n "${ORDER_GUARD_FUZZ_SECONDS:-}" ]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real T-SQL engine the SQL Server tests run on (Babelfish for PostgreSQL,
-# started by ../shared/tools/tsql-server/tsql-server, or $TSQL_SERVER).
+# started by ../shared/tools/tsql-server/tsql-server, or $ORDER_GUARD_TSQL_SERVER).
 #
 #   scripts/tsql-engine.sh path            the tsql-server command, or exit 1 if absent
 #   scripts/tsql-engine.sh start DATABASE  start it (installing the one library it
@@ -11,17 +11,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tool=${TSQL_SERVER:-../shared/tools/tsql-server/tsql-server}
+tool=${ORDER_GUARD_TSQL_SERVER:-../shared/tools/tsql-server/tsql-server}
 port=${TSQL_SERVER_PORT:-1433}
 
 case "${1:-}" in
   path)
-    [ -x "$tool" ] || { echo "no T-SQL engine at $tool (set TSQL_SERVER to its tsql-server command)" >&2; exit 1; }
+    [ -x "$tool" ] || { echo "no T-SQL engine at $tool (set ORDER_GUARD_TSQL_SERVER to its tsql-server command)" >&2; exit 1; }
     echo "$(cd "$(dirname "$tool")" && pwd)/$(basename "$tool")"
     ;;
   start)
     db=${2:?database name}
-    [ -x "$tool" ] || { echo "no T-SQL engine at $tool (set TSQL_SERVER to its tsql-server command)" >&2; exit 1; }
+    [ -x "$tool" ] || { echo "no T-SQL engine at $tool (set ORDER_GUARD_TSQL_SERVER to its tsql-server command)" >&2; exit 1; }
     # Babelfish loads the uuid-ossp extension, which needs libossp-uuid.
     # grep without -q reads all of ldconfig's output: with -q and pipefail,
     # an early exit would SIGPIPE ldconfig and read as "not found".

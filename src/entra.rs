@@ -459,9 +459,22 @@ fn managed_identity_credential(
     }
 }
 
-/// The `Active Directory Default` chain for the environment as it is now.
+/// The user-assigned identity to sign in with when the caller names none:
+/// `AZURE_CLIENT_ID`, as Microsoft's own `DefaultAzureCredential` reads it.
+/// An app whose only identity is user-assigned (the azd template's) has no
+/// system-assigned one for the managed-identity endpoint to answer for, so
+/// the storage clients and the topic's sign-in need it named.
+fn client_id_from_env() -> Option<String> {
+    std::env::var("AZURE_CLIENT_ID")
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
+/// The `Active Directory Default` chain for the environment as it is now;
+/// `client_id` (else `AZURE_CLIENT_ID`) names a user-assigned identity.
 pub fn default_chain_credential(client_id: Option<String>, timeout: Duration) -> ChainCredential {
     crate::tls::install_crypto_provider();
+    let client_id = client_id.or_else(client_id_from_env);
     let mut links = Vec::new();
     const WORKLOAD: &str = "WorkloadIdentityCredential";
     if env_set("AZURE_FEDERATED_TOKEN_FILE") {

@@ -134,8 +134,16 @@ impl std::fmt::Display for Runs {
 /// `FUNCTIONS_CORETOOLS_ENVIRONMENT=true` for the host it starts (and so
 /// for the handler); every Functions host has `FUNCTIONS_WORKER_RUNTIME`
 /// (the host passes its environment on to the handler).
+///
+/// Core Tools' mark is read first and wins over every plan's rule: the
+/// plans' variables (`CONTAINER_NAME`, the Kubernetes ones) are also set by
+/// dev containers and CI runners where `func start` runs, while no Azure
+/// plan sets the mark (Core Tools sets it for the process it starts).
 pub fn runs(get: impl Fn(&str) -> Option<String>) -> Runs {
     let val = |k: &str| get(k).filter(|v| !v.is_empty());
+    if val("FUNCTIONS_CORETOOLS_ENVIRONMENT").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+        return Runs::UnderCoreTools;
+    }
     if let Some(plan) = detect(&get) {
         return Runs::OnPlan(plan);
     }
@@ -144,9 +152,6 @@ pub fn runs(get: impl Fn(&str) -> Option<String>) -> Runs {
     let runtime = val("FUNCTIONS_WORKER_RUNTIME");
     if runtime.is_none() && val("AzureWebJobsScriptRoot").is_none() {
         return Runs::WithoutFunctionsHost;
-    }
-    if val("FUNCTIONS_CORETOOLS_ENVIRONMENT").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
-        return Runs::UnderCoreTools;
     }
     let mut evidence = match &runtime {
         Some(r) => {
@@ -398,6 +403,24 @@ mod tests {
         let (ok, r) = safe(&[F, ("FUNCTIONS_CORETOOLS_ENVIRONMENT", "true")]);
         assert!(ok, "{r}");
         assert_eq!(r, Runs::UnderCoreTools);
+        // Core Tools' mark wins over every plan's rule: a dev container or
+        // a CI runner sets the plans' variables where `func start` runs.
+        for plan_marks in [
+            &[("CONTAINER_NAME", "devcontainer")][..],
+            &[("LEGION_SERVICE_HOST", "l"), ("WEBSITE_POD_NAME", "p")],
+            &[
+                ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+                ("POD_NAMESPACE", "ns"),
+            ],
+            &[("WEBSITE_INSTANCE_ID", "abc"), ("WEBSITE_SKU", "Dynamic")],
+            &[("MANAGED_ENVIRONMENT", "true")],
+        ] {
+            let mut vars = vec![F, ("FUNCTIONS_CORETOOLS_ENVIRONMENT", "true")];
+            vars.extend_from_slice(plan_marks);
+            let (ok, r) = safe(&vars);
+            assert_eq!(r, Runs::UnderCoreTools, "{plan_marks:?}");
+            assert!(ok, "{r}");
+        }
         // Outside a Functions host the container variables mean nothing.
         let (ok, r) = safe(&[
             ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
@@ -451,14 +474,9 @@ mod tests {
                 &[F, ("FUNCTIONS_CORETOOLS_ENVIRONMENT", "false")],
                 "without FUNCTIONS_CORETOOLS_ENVIRONMENT=true",
             ),
-            // An Azure plan wins even if Core Tools' variable was copied in.
             (
                 "Linux Consumption",
-                &[
-                    F,
-                    ("CONTAINER_NAME", "E9A1C2_orders"),
-                    ("FUNCTIONS_CORETOOLS_ENVIRONMENT", "true"),
-                ],
+                &[F, ("CONTAINER_NAME", "E9A1C2_orders")],
                 "Consumption (Linux)",
             ),
         ];

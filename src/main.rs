@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Subcommand};
 use order_guard::app;
 use order_guard::config::Config;
 
@@ -14,7 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Azure Functions custom handler that executes Event Grid orders exactly once
 /// in effect. Configuration comes from the environment (see README).
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(version, about)]
 struct Cli {
     #[command(subcommand)]
@@ -155,10 +155,29 @@ impl DeadLetterArgs {
     }
 }
 
+/// `--version`: this build's version and the SQL Server schema version it
+/// needs (the one its `migrate` makes; `serve` answers `retry` on an older
+/// one), so an operator can tell which binary runs on which database.
+fn version() -> &'static str {
+    let text = format!(
+        "{} (schema version {})",
+        env!("CARGO_PKG_VERSION"),
+        order_guard::store::sqlserver::sql::SCHEMA_VERSION
+    );
+    Box::leak(text.into_boxed_str())
+}
+
 fn main() -> ExitCode {
     app::init_logging();
     order_guard::faults::setup_from_env();
-    let cli = Cli::parse();
+    let cli = match Cli::command()
+        .version(version())
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {

@@ -216,6 +216,9 @@ enum Verdict {
     Extension(String),
 }
 
+/// Accepted: the CLI got as far as asking for a login, or as sending a
+/// request (refused by the dead proxy: a data-plane command given a
+/// connection string, such as the README's Azurite queue, needs no login).
 fn judge(az: &Path, config_dir: &Path, command: &str) -> Verdict {
     let text = with_placeholders(command);
     let args = shlex::split(&text).unwrap_or_else(|| panic!("not a shell command: {command}"));
@@ -248,7 +251,10 @@ fn judge(az: &Path, config_dir: &Path, command: &str) -> Verdict {
     let lower = said.to_ascii_lowercase();
     if lower.contains("requires the extension") || lower.contains("az extension add") {
         Verdict::Extension(said.trim().to_string())
-    } else if (lower.contains("az login") || lower.contains("proxyerror")) && !out.status.success()
+    } else if (lower.contains("az login")
+        || lower.contains("proxyerror")
+        || lower.contains("unable to connect to proxy"))
+        && !out.status.success()
     {
         // Stopped for want of a login, or at the network (a command that
         // needs neither, such as a data-plane call with its own key): the

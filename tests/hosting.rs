@@ -2,7 +2,8 @@
 //! Functions container runs without Core Tools (the platform's own
 //! variables, no `REDIS_URL`, no `SQL_CONNECTION_STRING`): it refuses to
 //! start on the embedded state, naming the missing setting and where it
-//! runs, before it listens. Under Core Tools it starts on that state.
+//! runs, before it listens. Under Core Tools it starts on that state, even
+//! where a plan's variable (`CONTAINER_NAME`) is set too.
 
 mod common;
 
@@ -161,5 +162,25 @@ fn under_core_tools_serve_starts_on_the_embedded_state() {
         started,
         Serve::Listened,
         "serve did not start under Core Tools"
+    );
+}
+
+/// `func start` in a dev container or on a CI runner: Core Tools' mark with
+/// `CONTAINER_NAME` set (the Linux Consumption rule's variable) still serves
+/// on the embedded state.
+#[test]
+fn under_core_tools_in_a_container_serve_starts_on_the_embedded_state() {
+    let started = serve(
+        &[
+            ("FUNCTIONS_CORETOOLS_ENVIRONMENT", "true"),
+            ("FUNCTIONS_WORKER_RUNTIME", "custom"),
+            ("CONTAINER_NAME", "x"),
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(
+        started,
+        Serve::Listened,
+        "serve did not start under Core Tools with CONTAINER_NAME set"
     );
 }

@@ -326,6 +326,44 @@ fn every_azurite_command_we_show_or_run_disables_its_telemetry() {
     );
 }
 
+/// The README's Azurite is started as the tests start theirs, whose queue
+/// carries announcements (`tests/outbox.rs`): past npx's install prompt
+/// (`--yes`, no standard input in a script), and with the harness's flags
+/// that change what Azurite accepts (`--skipApiVersionCheck`: the storage
+/// clients speak a newer API version than Azurite knows) or sends.
+#[test]
+fn the_readmes_azurite_is_started_as_the_tests_start_it() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let harness = std::fs::read_to_string(root.join("tests/common/azurite.rs")).unwrap();
+    let commands: Vec<&str> = README
+        .lines()
+        .filter(|l| l.contains("azurite --"))
+        .collect();
+    assert_eq!(commands.len(), 1, "{commands:?}");
+    let command = commands[0];
+    assert!(command.starts_with("npx --yes azurite "), "{command}");
+    for flag in ["--skipApiVersionCheck", "--disableTelemetry"] {
+        assert!(
+            harness.contains(&format!("\"{flag}\"")),
+            "the harness no longer passes {flag}"
+        );
+        assert!(
+            command.contains(flag),
+            "the README's Azurite lacks {flag}: {command}"
+        );
+    }
+    // And the README shows how to read an announcement from its queue.
+    let local = README
+        .split("## Run it under the Functions host (Core Tools)")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    assert!(local.contains("OUTBOX_STORAGE\": \"UseDevelopmentStorage=true"));
+    assert!(local.contains("az storage message peek --queue-name order-executed"));
+}
+
 /// The metric names the code makes: the first argument of each instrument
 /// builder (`u64_counter("…")`, `f64_observable_gauge("…")`, …) in
 /// `src/telemetry`.

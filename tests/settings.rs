@@ -176,21 +176,22 @@ fn the_example_copied_into_azure_is_refused() {
 }
 
 /// The host's storage connection in the example is the local emulator's
-/// (Azurite): the README must say it is never copied into Azure.
+/// (Azurite): the manual deployment (docs/deploy.md, step 7) must say it is
+/// never copied into Azure.
 #[test]
-fn the_readme_says_which_local_settings_are_never_copied() {
+fn the_deploy_steps_say_which_local_settings_are_never_copied() {
     let example = example_values();
     assert_eq!(example["AzureWebJobsStorage"], "UseDevelopmentStorage=true");
-    let readme = include_str!("../README.md");
-    let section = readme
+    let deploy = include_str!("../docs/deploy.md");
+    let section = deploy
         .split("never copied")
         .nth(1)
-        .expect("the README has a passage on settings never copied into Azure");
+        .expect("docs/deploy.md has a passage on settings never copied into Azure");
     let passage: String = section.chars().take(1500).collect();
     for k in ["AzureWebJobsStorage", "ORDER_GUARD_ALLOW_EMBEDDED_STATE"] {
         assert!(
             passage.contains(k),
-            "the README's 'never copied' passage does not name {k}"
+            "docs/deploy.md's 'never copied' passage does not name {k}"
         );
     }
 }

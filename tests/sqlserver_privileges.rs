@@ -1,5 +1,5 @@
 //! Least privilege, proven on the T-SQL engine: the app runs as
-//! README step 4 deploys it, a database user whose only right is the role
+//! docs/deploy.md step 4 deploys it, a database user whose only right is the role
 //! `order_guard_app` that `migrate` makes; a user that lacks a right is
 //! refused at start, naming each right and the fix, and `replay` stops at
 //! once instead of retrying for minutes; a schema older than the build that
@@ -22,22 +22,23 @@ use serde_json::{json, Value};
 
 use common::unique_id;
 
-const README: &str = include_str!("../README.md");
+/// The manual deployment, whose step 4 makes the app's database user.
+const DEPLOY: &str = include_str!("../docs/deploy.md");
 
-/// The statements README step 4 runs with `sqlcmd -Q "…"` (the text
+/// The statements step 4 of docs/deploy.md runs with `sqlcmd -Q "…"` (the text
 /// between `-Q "` and the closing `"` in the step's code block).
 fn readme_step_4_sql() -> String {
-    let step = README
+    let step = DEPLOY
         .split("**4. ")
         .nth(1)
-        .expect("README step 4")
+        .expect("docs/deploy.md step 4")
         .split("**5. ")
         .next()
         .unwrap();
     let sql = step
         .split("-Q \"")
         .nth(1)
-        .expect("a sqlcmd -Q \"…\" in README step 4")
+        .expect("a sqlcmd -Q \"…\" in docs/deploy.md step 4")
         .split('"')
         .next()
         .unwrap();
@@ -148,7 +149,7 @@ async fn the_readme_step_4_statements_are_all_the_app_needs() {
     assert_eq!(
         step_4.split_whitespace().collect::<Vec<_>>().join(" "),
         "CREATE USER [$APP] FROM EXTERNAL PROVIDER; ALTER ROLE order_guard_app ADD MEMBER [$APP];",
-        "README step 4 changed: this test runs what it says"
+        "docs/deploy.md step 4 changed: this test runs what it says"
     );
     let user = "og_readme";
     let login = format!("{user}_{}", common::mssql_database_of(&db));
