@@ -206,7 +206,7 @@ async fn a_destination_down_defers_every_row_and_loses_none() {
         .unwrap()[0];
     let why = a.last_error.as_deref().unwrap();
     assert!(
-        why.contains("does not exist (404)") && why.contains("README step 6"),
+        why.contains("does not exist (404)") && why.contains("docs/deploy.md step 6"),
         "{why}"
     );
     assert_eq!((a.attempts, a.parked), (2, false));

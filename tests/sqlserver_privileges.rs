@@ -131,7 +131,7 @@ fn order_event(id: &str, account: &str, quantity: &str) -> Value {
     common::eg_event(common::order_data(id, "buy", "MSFT", quantity, account))
 }
 
-/// README step 4 as written, on a fresh database: `migrate` as the admin,
+/// docs/deploy.md step 4 as written, on a fresh database: `migrate` as the admin,
 /// then the step's own statements for the app's user (its `$APP` a test
 /// user, and `FROM EXTERNAL PROVIDER`, an Entra ID identity, which the
 /// engine has not, replaced by `FOR LOGIN` a test login). As that user,
@@ -382,7 +382,7 @@ async fn an_older_schema_the_user_cannot_migrate_says_to_run_migrate_as_the_admi
     )
     .await;
     let want = "the schema is at version 2, this build needs version 4: run `order-guard migrate` \
-                as the database admin (README step 4)";
+                as the database admin (docs/deploy.md step 4)";
     match store(&app).migrate().await {
         Err(StoreError::Unmigrated(m)) => assert!(m.starts_with(want), "{m}"),
         other => panic!("want the schema's version and the fix, got {other:?}"),

@@ -26,8 +26,8 @@ use order_guard::config::{
     Config, GuardConfig, RedisAuth, StoreConfig, DEFAULT_DEAD_LETTER_CONTAINER,
     DEFAULT_OUTBOX_QUEUE,
 };
-use order_guard::deadletter::storage::Credential;
 use order_guard::outbox::DestinationSettings;
+use order_guard::storage::Credential;
 use order_guard::store::sqlserver::connstr::{Auth, SqlConnInfo};
 
 fn read(path: &str) -> String {
@@ -283,11 +283,14 @@ fn the_apps_settings_are_a_configuration_the_handler_accepts_on_flex() {
     // The container and the queue, by Entra ID, under the code's names.
     let dead_letter = config.dead_letter.as_ref().expect("DEAD_LETTER_STORAGE");
     assert_eq!(dead_letter.container, DEFAULT_DEAD_LETTER_CONTAINER);
-    assert_eq!(dead_letter.storage.credential, Credential::EntraId);
+    let named = Credential::EntraId {
+        client_id: Some(CLIENT_ID.into()),
+    };
+    assert_eq!(dead_letter.storage.credential, named);
     match &config.outbox.destination {
         Some(DestinationSettings::Queue(queue)) => {
             assert_eq!(queue.queue, DEFAULT_OUTBOX_QUEUE);
-            assert_eq!(queue.storage.credential, Credential::EntraId);
+            assert_eq!(queue.storage.credential, named);
         }
         _ => panic!("announcements do not go to the queue"),
     }

@@ -185,7 +185,7 @@ impl QueueDestination {
         let status = e.http_status().map(u16::from);
         let message = match status {
             Some(404) => format!(
-                "the queue {} does not exist (404): create it (README step 6: a PUT of queueServices/default/queues/{} on the account)",
+                "the queue {} does not exist (404): create it (docs/deploy.md step 6: a PUT of queueServices/default/queues/{} on the account)",
                 self.settings.queue, self.settings.queue
             ),
             Some(code) => format!("the queue answered {code}: {e}"),

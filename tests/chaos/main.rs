@@ -247,7 +247,7 @@ async fn chaos(choice: StoreChoice, cluster: bool, size_var: &str, default_order
                 }
             };
             let proxy = CutProxy::start(server_port(&direct)).await;
-            // The handlers run as deployed (README step 4): migrated by the
+            // The handlers run as deployed (docs/deploy.md step 4): migrated by the
             // owner, logged in as a user with only the role order_guard_app.
             let app = common::mssql_app_connection_string(&direct).await;
             Db::SqlServer {

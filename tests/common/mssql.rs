@@ -136,7 +136,7 @@ pub async fn mssql_login(cs: &str, user: &str, roles: &[&str]) -> String {
     mssql_as_login(cs, &login)
 }
 
-/// The connection string of the app as README step 4 deploys it, on `cs`'s
+/// The connection string of the app as docs/deploy.md step 4 deploys it, on `cs`'s
 /// database: migrated first as `cs` (the owner, as `order-guard migrate`
 /// does), then a login whose user is only a member of `order_guard_app`.
 /// Made once per database and test process.

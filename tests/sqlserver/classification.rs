@@ -75,7 +75,7 @@ async fn permission_denied_and_missing_objects_are_misconfigurations_with_the_fi
             StoreError::Misconfigured(m) => {
                 assert!(m.contains(&number.to_string()) && m.contains(text), "{m}");
                 assert!(m.contains(fix), "{m}");
-                assert!(m.contains("README step 4"), "{m}");
+                assert!(m.contains("docs/deploy.md step 4"), "{m}");
             }
             other => panic!("{number} classified as {other:?}"),
         }

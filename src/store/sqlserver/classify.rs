@@ -85,11 +85,11 @@ pub fn deployment_fault_message(
         DeploymentFault::PermissionDenied => format!(
             "the database user lacks a right order-guard needs: as the database admin, make \
              it a member of the role {role} (`ALTER ROLE {role} ADD MEMBER [<the app's user>]`, \
-             README step 4; `order-guard migrate` creates the role and its grants)",
+             docs/deploy.md step 4; `order-guard migrate` creates the role and its grants)",
             role = super::sql::APP_ROLE
         ),
         DeploymentFault::MissingObject => "the order-guard schema is not there, or not all of \
-             it: run `order-guard migrate` as the database admin (README step 4)"
+             it: run `order-guard migrate` as the database admin (docs/deploy.md step 4)"
             .to_string(),
     };
     format!("{what}: SQL Server error {code}: {message}: {fix}")
@@ -277,7 +277,7 @@ mod tests {
             "{m}"
         );
         assert!(m.contains("ALTER ROLE order_guard_app ADD MEMBER"), "{m}");
-        assert!(m.contains("README step 4"), "{m}");
+        assert!(m.contains("docs/deploy.md step 4"), "{m}");
         let m = deployment_fault_message(
             "read order",
             DeploymentFault::MissingObject,

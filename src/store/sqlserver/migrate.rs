@@ -295,7 +295,7 @@ pub fn verdict(d: &Diagnosis, failure: &StoreError) -> StoreError {
     };
     StoreError::Unmigrated(format!(
         "the schema is at version {}, this build needs version {}: run `order-guard migrate` \
-         as the database admin (README step 4); {user} may not change the schema ({failure})",
+         as the database admin (docs/deploy.md step 4); {user} may not change the schema ({failure})",
         d.version,
         sql::SCHEMA_VERSION
     ))
@@ -353,7 +353,7 @@ mod tests {
         assert!(
             m.starts_with(
                 "the schema is at version 2, this build needs version 4: run `order-guard \
-                 migrate` as the database admin (README step 4)"
+                 migrate` as the database admin (docs/deploy.md step 4)"
             ),
             "{m}"
         );

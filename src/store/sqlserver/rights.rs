@@ -4,7 +4,7 @@
 //! right and the fix, instead of answering `retry` for every order.
 //!
 //! The rights are [`sql::APP_RIGHTS`], granted by `migrate` to the role
-//! [`sql::APP_ROLE`]; README step 4 makes the app's user a member.
+//! [`sql::APP_ROLE`]; docs/deploy.md step 4 makes the app's user a member.
 
 use tiberius::error::Error as SqlError;
 
@@ -48,7 +48,7 @@ pub async fn check_on(client: &mut Client) -> Result<Rights, SqlError> {
 }
 
 /// Why a start refuses, when `rights` lacks any: each missing right, then
-/// the fix (README step 4). `None` when nothing is missing.
+/// the fix (docs/deploy.md step 4). `None` when nothing is missing.
 pub fn refusal(rights: &Rights) -> Option<String> {
     if rights.missing.is_empty() {
         return None;
@@ -72,7 +72,7 @@ pub fn refusal(rights: &Rights) -> Option<String> {
     };
     Some(format!(
         "the database user {user} lacks {} right(s) order-guard needs: {}; as the database \
-         admin, run `ALTER ROLE {role} ADD MEMBER {quoted};` (README step 4; the role and its \
+         admin, run `ALTER ROLE {role} ADD MEMBER {quoted};` (docs/deploy.md step 4; the role and its \
          grants are made by `order-guard migrate`, run as the admin first)",
         list.len(),
         list.join(", "),
@@ -118,7 +118,7 @@ mod tests {
             m.contains("ALTER ROLE order_guard_app ADD MEMBER [orders-guard-fn];"),
             "{m}"
         );
-        assert!(m.contains("README step 4"), "{m}");
+        assert!(m.contains("docs/deploy.md step 4"), "{m}");
         // A name holding `]` stays one identifier in the statement to run.
         let odd = Rights {
             user: "ops]team".into(),

@@ -216,7 +216,7 @@ pub const POSITIONS_TO_CONVERT: &str = "SELECT COUNT(*) AS Pending FROM sys.colu
      WHERE object_id = OBJECT_ID(N'dbo.Positions') AND name = N'QuantityV2'";
 
 /// The role `migrate` makes and grants [`APP_RIGHTS`] to; the app's
-/// database user is made a member of it (README step 4).
+/// database user is made a member of it (docs/deploy.md step 4).
 pub const APP_ROLE: &str = "order_guard_app";
 
 /// Every right `serve`, `replay`, the dead-letter sweep and `status` use,
