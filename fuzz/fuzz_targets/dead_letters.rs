@@ -9,7 +9,7 @@
 use libfuzzer_sys::fuzz_target;
 use order_guard::deadletter::name;
 use order_guard::deadletter::parse_blob;
-use order_guard::deadletter::storage::parse_storage;
+use order_guard::storage::parse_storage;
 
 const MARKER: &str = "S3cr3tMarker";
 

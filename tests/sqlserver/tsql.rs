@@ -59,7 +59,8 @@ fn the_batches_keep_their_shape() {
             sql::LOCK_SCHEMA,
             sql::CLAIM_ANNOUNCEMENTS,
             sql::PURGE_ANNOUNCED,
-            sql::RETRY_ANNOUNCEMENTS
+            sql::RETRY_ANNOUNCEMENTS,
+            sql::RESEND_ANNOUNCEMENTS
         ]
     );
     // The purge's lock is read and owned by its transaction: a purge that
