@@ -316,7 +316,7 @@ impl Dispatcher {
         }
         if let Some((row, failure)) = failed.first() {
             log::warn!(
-                "outbox: {} of {} announcements not sent this round ({} parked): {}; the others are tried again from {} s on",
+                "outbox: {} of {} announcements not sent in this dispatch round ({} parked): {}; the others are tried again from {} s on",
                 failed.len(),
                 round.claimed,
                 parked,
@@ -426,7 +426,7 @@ impl Dispatcher {
             }
             tokio::select! {
                 // Batching, not synchronisation: the orders executed in the
-                // next few milliseconds share this round.
+                // next few milliseconds share the dispatch round.
                 () = wake.notified() => tokio::time::sleep(self.settings.linger).await,
                 () = tokio::time::sleep_until(next_claim) => {}
             }
