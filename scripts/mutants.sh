@@ -9,7 +9,8 @@
 #            default: the files of the scores table in docs/testing.md
 #            (src/decision.rs src/finished.rs src/store/sqlite/mod.rs
 #            src/processor.rs src/guard/redis.rs src/hosting.rs
-#            src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs)
+#            src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs
+#            src/store/sqlserver/silence.rs src/store/sqlserver/retry.rs)
 # CARGO_TEST_ARGS
 #            the test selection every mutant is judged by: cargo arguments
 #            given to both the build (`cargo test --no-run`, so only these
@@ -59,7 +60,8 @@ while [ $# -gt 0 ]; do
 done
 if [ ${#files[@]} -eq 0 ]; then
   files=(src/decision.rs src/finished.rs src/store/sqlite/mod.rs src/processor.rs src/guard/redis.rs
-    src/hosting.rs src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs)
+    src/hosting.rs src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs
+    src/store/sqlserver/silence.rs src/store/sqlserver/retry.rs)
 fi
 given_args=("$@")
 
@@ -80,6 +82,8 @@ selection_for() {
         --test redis_entra_id --test bad_input --test host_protocol ;;
     # Pure decision files: their unit tests judge them.
     src/hosting.rs|src/deadletter/name.rs|src/deadletter/fate.rs|src/config/state.rs)
+      echo --lib ;;
+    src/store/sqlserver/silence.rs|src/store/sqlserver/retry.rs)
       echo --lib ;;
     *) echo --lib --test processor --test guard --test bad_input --test host_protocol \
         --test store_conformance ;;

@@ -10,13 +10,14 @@
 //! Every call takes a pooled connection (bb8, [`pool`]), runs under the
 //! query timeout within one budget, moves past pooled connections a server
 //! restart cut or a dead network path took ([`silence`]) and retries a lost
-//! one once (`with_client!`, its decisions in [`retry`]); longer back-off
+//! one once (`call.rs`, its decisions in [`retry`] and [`silence`]); longer back-off
 //! is Event Grid's job. Statements
 //! live in [`sql`], error numbers in [`classify`], the connection string in
 //! [`connstr`], the execution's tries in `execute`, the migration in
 //! [`migrate`], the start's rights check in [`rights`], Entra ID tokens
 //! from [`crate::entra`].
 
+mod call;
 pub mod classify;
 pub mod connstr;
 mod execute;
@@ -41,7 +42,7 @@ use tiberius::Row;
 
 use self::connstr::{Auth, SqlConnInfo};
 use self::pool::{Client, Logins, SqlConnectionManager};
-use self::retry::{call_budget, send_again, Loss};
+use self::retry::call_budget;
 use self::silence::Silences;
 use super::{
     Announcement, Claim, Deferral, Execution, Listing, OrderRecord, OrderStore, OutboxCounts,
@@ -63,8 +64,6 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(180);
 /// outage are reopened in the background within a second of the server
 /// accepting logins again.
 const REFILL_EVERY: Duration = Duration::from_secs(1);
-/// Pause before the one retry on a dropped connection.
-const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// SQL Server timeouts and pool size (built from the environment by `config`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,97 +114,6 @@ pub struct SqlServerStore {
     pool_size: u32,
     migrate_timeout: Duration,
     migrate_batch_rows: u32,
-}
-
-/// Run `$body` (an expression using `$client: &mut Client`) on a pooled
-/// connection, each attempt within `$timeout`, the whole call by one
-/// deadline ([`call_budget`]: the wait for a connection, every attempt and
-/// every re-send draw from it). A connection that had served (or sat in
-/// the pool since before the call) and then broke (its transport cut, its
-/// session killed or shut down) went stale in the pool: a server restart
-/// takes every idle one at once, so the call moves on to the next, up to
-/// the pool's size. One such that gave no answer in time raises a suspicion of a dead network path
-/// ([`silence`]), which the next checkout settles: the call is sent again
-/// on another connection unless the path answered (a slow statement), once
-/// per call and only for a call bounded by the query timeout (a migration
-/// that runs out of its bound is not on a dead path). Any other lost
-/// connection is retried once, after a pause. (A call sent again after a
-/// cut or silence that followed its commit answers what the row says:
-/// `done` for an execute, one more delivery counted for a rejection.) A
-/// connection goes back to the pool only after a request that finished
-/// without any error: one that timed out, was cancelled or failed (inside
-/// a transaction or not) is discarded, and closing it makes the server roll
-/// back whatever it had open.
-macro_rules! with_client {
-    ($self:ident, $what:expr, $timeout:expr, |$client:ident| $body:expr) => {{
-        let what: &str = $what;
-        let timeout: Duration = $timeout;
-        let called = std::time::Instant::now();
-        let deadline = tokio::time::Instant::now() + call_budget($self.connect_timeout, timeout);
-        let mut stale = 0u32;
-        let mut fresh_lost = false;
-        let mut first = true;
-        // The suspicion this call raised, until its re-send's checkout
-        // settled it; and whether it raised one at all.
-        let mut suspicion: Option<u64> = None;
-        let mut suspected = false;
-        loop {
-            let mut conn = $self
-                .checkout(what, (!std::mem::take(&mut first)).then_some(deadline))
-                .await?;
-            if let Some(id) = suspicion.take() {
-                if !silence::send_again_after(id, $self.silences.latest()) {
-                    // The path answered its check: the statement was slow,
-                    // not lost; sending it again would only add load.
-                    break Err(classify::query_timeout(what, timeout));
-                }
-            }
-            conn.broken = true;
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let result = {
-                let $client: &mut Client = &mut conn.client;
-                tokio::time::timeout(timeout.min(left), $body).await
-            };
-            // Stale-eligible: it served, or sat in the pool since before
-            // this call (one opened for it says the server is not there).
-            let served = conn.served || conn.opened < called;
-            let time_left = tokio::time::Instant::now() < deadline;
-            match result {
-                Err(_) if served => {
-                    let id = $self.silences.suspect(timeout.min(left));
-                    if suspected || !time_left || timeout > $self.query_timeout {
-                        break Err(classify::query_timeout(what, timeout));
-                    }
-                    (suspicion, suspected) = (Some(id), true);
-                    log::warn!(
-                        "{what}: a pooled connection gave no answer within {} ms; \
-                         sending again on another unless its network path answers",
-                        timeout.min(left).as_millis()
-                    );
-                }
-                Err(_) => break Err(classify::query_timeout(what, timeout)),
-                Ok(Ok(value)) => {
-                    conn.broken = false;
-                    conn.served = true;
-                    conn.last_used = std::time::Instant::now();
-                    break Ok(value);
-                }
-                Ok(Err(e))
-                    if send_again(Loss::of(&e), served, stale, $self.pool_size, time_left) =>
-                {
-                    stale += 1;
-                    log::warn!("{what}: a pooled connection was lost ({e}); trying the next");
-                }
-                Ok(Err(e)) if classify::is_connection_lost(&e) && !fresh_lost && time_left => {
-                    fresh_lost = true;
-                    log::warn!("{what}: connection lost ({e}); retrying once on a new connection");
-                    drop(conn);
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                }
-                Ok(Err(e)) => break Err(classify::classify(what, &e)),
-            }
-        }
-    }};
 }
 
 impl SqlServerStore {
@@ -310,9 +218,11 @@ impl SqlServerStore {
             deadline: tokio::time::Instant::now() + bound,
             batch_rows: self.migrate_batch_rows,
         };
-        let done = with_client!(self, "migrate", bound, |client| migrate::migrate_on(
-            client, &bounds
-        ));
+        let done = self
+            .with_client("migrate", bound, |call| {
+                Box::pin(migrate::migrate_on(call.client, &bounds))
+            })
+            .await;
         match done {
             Ok(migrate::Migrated::LockRefused(result, waited)) => {
                 return Err(StoreError::Transient(migrate::lock_refused(result, waited)))
@@ -344,9 +254,11 @@ impl SqlServerStore {
             }
             Err(e) => return Err(e),
         }
-        let rights = with_client!(self, "check rights", self.query_timeout, |client| {
-            rights::check_on(client)
-        })?;
+        let rights = self
+            .with_client("check rights", self.query_timeout, |call| {
+                Box::pin(rights::check_on(call.client))
+            })
+            .await?;
         match rights::refusal(&rights) {
             Some(refusal) if rights_refuse => return Err(StoreError::Misconfigured(refusal)),
             Some(refusal) => log::warn!(
@@ -367,42 +279,6 @@ impl SqlServerStore {
                 "{what}: the SQL Server schema is not verified yet (`migrate` has not \
                  succeeded; see the log); nothing is read or written until it is"
             )))
-        }
-    }
-
-    /// A pooled connection: the first wait of a call (`deadline` `None`) is
-    /// bb8's own (its bound is the whole budget, [`call_budget`]); a later
-    /// one, with less left, waits in a task of its own that the call stops
-    /// waiting for at the deadline: bb8's wait then ends by itself, counted
-    /// and with any connection it got returned to the pool, where dropping
-    /// it half-way would leave it counted as pending.
-    async fn checkout(
-        &self,
-        what: &str,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<bb8::PooledConnection<'static, SqlConnectionManager>, StoreError> {
-        let budget = call_budget(self.connect_timeout, self.query_timeout);
-        let got = if let Some(deadline) = deadline {
-            let pool = self.pool.clone();
-            let wait = tokio::spawn(async move { pool.get_owned().await });
-            match tokio::time::timeout_at(deadline, wait).await {
-                Ok(Ok(got)) => got,
-                Ok(Err(_)) | Err(_) => Err(bb8::RunError::TimedOut),
-            }
-        } else {
-            self.pool.get_owned().await
-        };
-        match got {
-            Ok(conn) => Ok(conn),
-            Err(bb8::RunError::User(e)) => Err(StoreError::Transient(format!("{what}: {e}"))),
-            Err(bb8::RunError::TimedOut) => {
-                let last = self
-                    .last_connect_error
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone();
-                Err(classify::pool_timeout(what, budget, last))
-            }
         }
     }
 }
@@ -648,9 +524,11 @@ impl OrderStore for SqlServerStore {
         if let Some(identity) = self.identity.get() {
             return Ok(identity.clone());
         }
-        let identity = with_client!(self, "read identity", self.query_timeout, |client| {
-            identity_on(client)
-        })?;
+        let identity = self
+            .with_client("read identity", self.query_timeout, |call| {
+                Box::pin(identity_on(call.client))
+            })
+            .await?;
         Ok(self.identity.get_or_init(|| identity).clone())
     }
 
@@ -661,26 +539,26 @@ impl OrderStore for SqlServerStore {
         raw_event: &str,
     ) -> Result<Execution, StoreError> {
         self.schema_gate("execute")?;
-        with_client!(self, "execute", self.query_timeout, |client| {
-            execute::execute_on(client, order, event_id, raw_event)
+        self.with_client("execute", self.query_timeout, |call| {
+            Box::pin(execute::execute_on(call.client, order, event_id, raw_event))
         })
+        .await
     }
 
     async fn reject(&self, rejection: &Rejection) -> Result<(), StoreError> {
         self.schema_gate("reject")?;
-        with_client!(
-            self,
-            "reject",
-            self.query_timeout,
-            |client| store_rejection(client, rejection)
-        )
+        self.with_client("reject", self.query_timeout, |call| {
+            Box::pin(store_rejection(call.client, rejection))
+        })
+        .await
     }
 
     async fn order(&self, order_id: &str) -> Result<Option<OrderRecord>, StoreError> {
         self.schema_gate("read order")?;
-        with_client!(self, "read order", self.query_timeout, |client| read_order(
-            client, order_id
-        ))
+        self.with_client("read order", self.query_timeout, |call| {
+            Box::pin(read_order(call.client, order_id))
+        })
+        .await
     }
 
     async fn position(
@@ -689,32 +567,37 @@ impl OrderStore for SqlServerStore {
         symbol: &str,
     ) -> Result<Option<Position>, StoreError> {
         self.schema_gate("read position")?;
-        with_client!(self, "read position", self.query_timeout, |client| {
-            position_on(client, account_id, symbol)
+        self.with_client("read position", self.query_timeout, |call| {
+            Box::pin(position_on(call.client, account_id, symbol))
         })
+        .await
     }
 
     async fn rejections(&self, order_id: Option<&str>) -> Result<Vec<RejectedRecord>, StoreError> {
         self.schema_gate("read rejections")?;
-        with_client!(self, "read rejections", self.query_timeout, |client| {
-            rejections_on(client, order_id)
+        self.with_client("read rejections", self.query_timeout, |call| {
+            Box::pin(rejections_on(call.client, order_id))
         })
+        .await
     }
 
     async fn claim_announcements(&self, limit: u32, lease: Duration) -> Result<Claim, StoreError> {
         self.schema_gate("claim announcements")?;
         let token = uuid::Uuid::new_v4().to_string();
-        let rows = with_client!(self, "claim announcements", self.query_timeout, |client| {
-            outbox::claim(client, &token, limit, lease)
-        })?;
+        let rows = self
+            .with_client("claim announcements", self.query_timeout, |call| {
+                Box::pin(outbox::claim(call.client, &token, limit, lease))
+            })
+            .await?;
         Ok(Claim { token, rows })
     }
 
     async fn mark_announced(&self, sent: &[Announcement]) -> Result<u64, StoreError> {
         self.schema_gate("mark announcements")?;
-        with_client!(self, "mark announcements", self.query_timeout, |client| {
-            outbox::mark(client, sent)
+        self.with_client("mark announcements", self.query_timeout, |call| {
+            Box::pin(outbox::mark(call.client, sent))
         })
+        .await
     }
 
     async fn defer_announcement(
@@ -731,19 +614,18 @@ impl OrderStore for SqlServerStore {
                 deferral.message_id
             )));
         };
-        with_client!(
-            self,
-            "defer an announcement",
-            self.query_timeout,
-            |client| outbox::defer(client, token, deferral)
-        )
+        self.with_client("defer an announcement", self.query_timeout, |call| {
+            Box::pin(outbox::defer(call.client, token, deferral))
+        })
+        .await
     }
 
     async fn purge_announced(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
         self.schema_gate("purge announcements")?;
-        with_client!(self, "purge announcements", self.query_timeout, |client| {
-            outbox::purge(client, retention, limit)
+        self.with_client("purge announcements", self.query_timeout, |call| {
+            Box::pin(outbox::purge(call.client, retention, limit))
         })
+        .await
     }
 
     async fn announcements(
@@ -752,30 +634,34 @@ impl OrderStore for SqlServerStore {
         limit: u32,
     ) -> Result<Vec<Announcement>, StoreError> {
         self.schema_gate("list announcements")?;
-        with_client!(self, "list announcements", self.query_timeout, |client| {
-            outbox::list(client, listing, limit)
+        self.with_client("list announcements", self.query_timeout, |call| {
+            Box::pin(outbox::list(call.client, listing, limit))
         })
+        .await
     }
 
     async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
         self.schema_gate("count announcements")?;
-        with_client!(self, "count announcements", self.query_timeout, |client| {
-            outbox::counts(client)
+        self.with_client("count announcements", self.query_timeout, |call| {
+            Box::pin(outbox::counts(call.client))
         })
+        .await
     }
 
     async fn retry_announcements(&self, message_id: Option<&str>) -> Result<u64, StoreError> {
         self.schema_gate("retry announcements")?;
-        with_client!(self, "retry announcements", self.query_timeout, |client| {
-            outbox::retry(client, message_id)
+        self.with_client("retry announcements", self.query_timeout, |call| {
+            Box::pin(outbox::retry(call.client, message_id))
         })
+        .await
     }
 
     async fn resend_announcements(&self, which: &Resend) -> Result<u64, StoreError> {
         self.schema_gate("resend announcements")?;
-        with_client!(self, "resend announcements", self.query_timeout, |client| {
-            outbox::resend(client, which)
+        self.with_client("resend announcements", self.query_timeout, |call| {
+            Box::pin(outbox::resend(call.client, which))
         })
+        .await
     }
 
     fn load(&self) -> super::StoreLoad {

@@ -439,17 +439,23 @@ impl bb8::ManageConnection for SqlConnectionManager {
                 "connection marked broken".into(),
             )));
         }
-        // A suspicion of a dead path (`silence`) decides first: a
-        // connection idle since before it is discarded, or checked now.
-        let decision = silence::on_checkout(conn.last_used, self.silences.latest());
+        // A suspicion of a dead path decides first (a connection idle
+        // since before it is discarded, or checked now), then its idle
+        // time (`silence::on_checkout`).
+        let decision = silence::on_checkout(
+            conn.last_used,
+            Instant::now(),
+            CHECK_AFTER_IDLE,
+            self.silences.latest(),
+        );
         match decision {
-            Checkout::Discard => {
+            Checkout::Drop => {
                 return Err(ConnectError::Sql(tiberius::error::Error::Protocol(
                     "idle on a network path since found dead".into(),
                 )))
             }
-            Checkout::Use if conn.last_used.elapsed() < CHECK_AFTER_IDLE => return Ok(()),
-            Checkout::Use | Checkout::Settle => {}
+            Checkout::Keep => return Ok(()),
+            Checkout::Check | Checkout::Settle => {}
         }
         let last_used = conn.last_used;
         let settle = |answered: bool| {

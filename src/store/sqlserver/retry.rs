@@ -1,5 +1,6 @@
 //! When a store call sends its request again, and by when it gives up:
-//! the decisions of `with_client!` (in `mod.rs`) as pure functions.
+//! the decisions of `SqlServerStore::with_client` (in `mod.rs`) as pure
+//! functions (the silence rules it asks are in `silence.rs`).
 
 use std::time::Duration;
 
@@ -37,6 +38,20 @@ pub fn send_again(loss: Loss, served: bool, tried: u32, limit: u32, allowed: boo
     loss != Loss::Other && served && tried < limit && allowed
 }
 
+/// Whether a call whose served connection gave no answer within its
+/// `timeout` is sent again once the suspicion it raised is settled: once
+/// per call (`suspected` already, no), with time left, and only for a call
+/// bounded by the query timeout (`query_timeout`): a migration that runs
+/// out of its longer bound is not on a dead path.
+pub fn resend_after_silence(
+    suspected: bool,
+    time_left: bool,
+    timeout: Duration,
+    query_timeout: Duration,
+) -> bool {
+    !suspected && time_left && timeout <= query_timeout
+}
+
 /// The budget of one call: one connect and one attempt (`timeout`), shared
 /// by every step of it, so waits never stack per attempt (a call that
 /// waited for a connection has that much less to run; a re-send after a
@@ -67,6 +82,19 @@ mod tests {
             );
         }
         assert!(!send_again(Loss::Other, true, 0, 10, true), "an answer");
+    }
+
+    #[test]
+    fn a_silent_call_is_sent_again_once_with_time_left_when_bounded_by_the_query_timeout() {
+        let q = Duration::from_secs(8);
+        assert!(resend_after_silence(false, true, q, q));
+        assert!(resend_after_silence(false, true, q / 2, q));
+        assert!(!resend_after_silence(true, true, q, q), "once per call");
+        assert!(!resend_after_silence(false, false, q, q), "no time left");
+        assert!(
+            !resend_after_silence(false, true, q * 3, q),
+            "a migration's longer bound"
+        );
     }
 
     #[test]
