@@ -103,6 +103,26 @@ REDIS_HANDLER_PID="$!"
 PIDS+=("$REDIS_HANDLER_PID")
 wait_port "$REDIS_HANDLER_PORT" "order-guard (cache off)"
 
+# Event Grid's own door: `order-guard webhook` on the same Redis (its own
+# key prefix and SQLite file), measured beside the Functions door in the
+# same rounds: duplicates and first deliveries, and deliveries of 100
+# events. Unauthenticated (WEBHOOK_AUTH=off, a developer's machine): the
+# token check is not what is measured. BENCH_WEBHOOK=0 skips it.
+WEBHOOK_ARGS=()
+if [ "${BENCH_WEBHOOK:-1}" != 0 ]; then
+  WEBHOOK_PORT="$(free_port)"
+  echo "==> order-guard webhook on 0.0.0.0:$WEBHOOK_PORT (WEBHOOK_AUTH=off, sqlite:$SCRATCH/orders-webhook.db)"
+  WEBHOOK_PORT="$WEBHOOK_PORT" WEBHOOK_AUTH=off \
+    REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
+    GUARD_KEY_PREFIX="ordwh:" \
+    SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-webhook.db?mode=rwc" \
+    RUST_LOG=warn \
+    "$BIN" webhook >"$SCRATCH/handler-webhook.log" 2>&1 &
+  PIDS+=("$!")
+  WEBHOOK_ARGS=(--webhook-handler "127.0.0.1:$WEBHOOK_PORT" --webhook-handler-pid "$!")
+  wait_port "$WEBHOOK_PORT" "order-guard webhook"
+fi
+
 # The first handler's configuration plus an OTLP exporter to a local sink
 # (`bench otlp-sink`, which takes every export): what telemetry costs in CPU
 # per event, measured beside the plain handler in the same rounds.
@@ -220,7 +240,7 @@ timeout 600 "$BENCH" run \
   --ceiling "127.0.0.1:$CEILING_PORT" --ceiling-pid "$CEILING_PID" \
   --redis-url "redis://127.0.0.1:$REDIS_PORT" --redis-pid "$REDIS_PID" \
   --binary "$BIN" --scratch "$SCRATCH/cold" --out "$OUT" "${MSSQL_ARGS[@]}" "${CLUSTER_ARGS[@]}" \
-  "${TELEMETRY_ARGS[@]}" "$@"
+  "${TELEMETRY_ARGS[@]}" "${WEBHOOK_ARGS[@]}" "$@"
 
 # The store on the wire: SQL round trips per first delivery and
 # per duplicate counted by a TCP proxy, 1 ms added each way, concurrency and

@@ -14,8 +14,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
-use futures::{Stream, StreamExt};
+use bytes::Buf;
+use futures::Stream;
 
 use serde::Serialize;
 use serde_json::error::Category;
@@ -94,25 +94,7 @@ fn refusal_response(r: Refusal) -> warp::reply::Response {
     invoke_response(r.status, vec![r.message.clone()], error)
 }
 
-/// Bounds on what one request may take (built by `config`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Larger bodies get 413 (`MAX_BODY_BYTES`).
-    pub max_body_bytes: usize,
-    /// A body not fully received in this time gets 408
-    /// (`BODY_READ_TIMEOUT_MS`): a slow or incomplete body (a
-    /// `Content-Length` larger than what is sent) cannot hold a connection.
-    pub body_read_timeout: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_body_bytes: 4 * 1024 * 1024,
-            body_read_timeout: Duration::from_secs(10),
-        }
-    }
-}
+pub use crate::body::Limits;
 
 /// All routes, the dead-letter sweep off (see [`routes_with`]).
 pub fn routes(
@@ -232,20 +214,9 @@ where
             ),
         ));
     }
-    let bytes = tokio::time::timeout(
-        limits.body_read_timeout,
-        read_body(body, length, limits.max_body_bytes),
-    )
-    .await
-    .map_err(|_| {
-        Refusal::new(
-            StatusCode::REQUEST_TIMEOUT,
-            format!(
-                "the request body did not arrive within {} ms (BODY_READ_TIMEOUT_MS)",
-                limits.body_read_timeout.as_millis()
-            ),
-        )
-    })??;
+    let bytes = crate::body::read(body, length, limits)
+        .await
+        .map_err(|e| Refusal::new(e.status(), e.to_string()))?;
     if is_sweep {
         let (status, body) = sweep.invoke(&bytes).await;
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -254,47 +225,6 @@ where
     let trigger = trigger_value(&bytes)?;
     let result = processor.process_trigger(trigger).await;
     Ok(answer(result))
-}
-
-/// Read the whole body, refusing (413) past `limit` whether or not a
-/// `Content-Length` was sent (the host may send the body chunked).
-async fn read_body<S, B>(
-    mut body: S,
-    length: Option<u64>,
-    limit: usize,
-) -> Result<BytesMut, Refusal>
-where
-    S: Stream<Item = Result<B, warp::Error>> + Unpin,
-    B: Buf,
-{
-    let too_large = || {
-        Refusal::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body exceeds MAX_BODY_BYTES ({limit} bytes)"),
-        )
-    };
-    if length.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
-    let mut bytes = BytesMut::with_capacity(length.unwrap_or(4096).min(limit as u64) as usize);
-    while let Some(chunk) = body.next().await {
-        let mut chunk = chunk.map_err(|e| {
-            Refusal::new(
-                StatusCode::BAD_REQUEST,
-                format!("could not read the request body: {e}"),
-            )
-        })?;
-        if bytes.len() + chunk.remaining() > limit {
-            return Err(too_large());
-        }
-        while chunk.has_remaining() {
-            let part = chunk.chunk();
-            bytes.extend_from_slice(part);
-            let n = part.len();
-            chunk.advance(n);
-        }
-    }
-    Ok(bytes)
 }
 
 /// One level of a JSON object, its members left as unparsed text: the

@@ -25,8 +25,9 @@
 
 /// Every variable [`detect`] and [`runs`] may read: set by the platform or
 /// the tools, never by the user.
-pub const VARIABLES: [&str; 12] = [
+pub const VARIABLES: [&str; 13] = [
     "FUNCTIONS_WORKER_RUNTIME",
+    "ORDER_GUARD_IMAGE",
     "FUNCTIONS_CORETOOLS_ENVIRONMENT",
     "CONTAINER_APP_NAME",
     "AzureWebJobsScriptRoot",
@@ -104,6 +105,11 @@ pub enum Runs {
     UnderSelfHostedFunctions { evidence: String },
     /// Under Core Tools (`func start`), which marks itself.
     UnderCoreTools,
+    /// With no Functions host, in a container that may run as several
+    /// replicas: this project's image (`ORDER_GUARD_IMAGE`, which its
+    /// Containerfile sets) or an Azure Container App (`CONTAINER_APP_NAME`,
+    /// which the platform sets). `evidence` names the variable.
+    InContainer { evidence: String },
     /// With no Functions host: the CLI, a test, a developer's `serve`.
     WithoutFunctionsHost,
 }
@@ -123,6 +129,10 @@ impl std::fmt::Display for Runs {
             Runs::UnderSelfHostedFunctions { evidence } => write!(
                 f,
                 "under a Functions host that is not Core Tools ({evidence}): a container that may run as several replicas and restart on a fresh disk"
+            ),
+            Runs::InContainer { evidence } => write!(
+                f,
+                "in a container ({evidence}) that may run as several replicas and restart on a fresh disk"
             ),
             Runs::UnderCoreTools => f.write_str("under Core Tools"),
             Runs::WithoutFunctionsHost => f.write_str("without a Functions host"),
@@ -151,6 +161,16 @@ pub fn runs(get: impl Fn(&str) -> Option<String>) -> Runs {
     // `AzureWebJobsScriptRoot` is set even where `serve` runs by hand).
     let runtime = val("FUNCTIONS_WORKER_RUNTIME");
     if runtime.is_none() && val("AzureWebJobsScriptRoot").is_none() {
+        for (var, what) in [
+            ("ORDER_GUARD_IMAGE", "this project's image"),
+            ("CONTAINER_APP_NAME", "an Azure Container App"),
+        ] {
+            if let Some(v) = val(var) {
+                return Runs::InContainer {
+                    evidence: format!("{var}={v}: {what}"),
+                };
+            }
+        }
         return Runs::WithoutFunctionsHost;
     }
     let mut evidence = match &runtime {
@@ -421,12 +441,24 @@ mod tests {
             assert_eq!(r, Runs::UnderCoreTools, "{plan_marks:?}");
             assert!(ok, "{r}");
         }
-        // Outside a Functions host the container variables mean nothing.
+        // Outside a Functions host the container variables mean nothing
+        // (a CI runner's pod sets them)...
         let (ok, r) = safe(&[
             ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
             ("CONTAINER_NAME", "ci"),
         ]);
         assert!(ok, "{r}");
+        // ...but this project's image, or a Container App, is a container
+        // that may run as several replicas.
+        for (var, says) in [
+            ("ORDER_GUARD_IMAGE", "this project's image"),
+            ("CONTAINER_APP_NAME", "an Azure Container App"),
+        ] {
+            let (ok, r) = safe(&[(var, "x"), ("KUBERNETES_SERVICE_HOST", "10.0.0.1")]);
+            assert!(!ok, "{r}");
+            assert!(r.to_string().contains(says), "{r}");
+            assert!(matches!(r, Runs::InContainer { .. }), "{r}");
+        }
         // (the place, its environment, what the refusal must say of it)
         type Place<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
         let unsafe_places: [Place; 7] = [

@@ -17,6 +17,7 @@
 //! are leaves every layer may import.
 
 pub mod app;
+pub mod body;
 pub mod config;
 pub mod deadletter;
 pub mod decision;
@@ -37,3 +38,4 @@ pub mod store;
 pub mod telemetry;
 pub mod text;
 pub mod tls;
+pub mod webhook;

@@ -25,6 +25,10 @@ struct Cli {
 enum Command {
     /// Serve the Functions host on 127.0.0.1:$FUNCTIONS_CUSTOMHANDLER_PORT (default).
     Serve,
+    /// Serve Event Grid's webhook protocol on 0.0.0.0:$WEBHOOK_PORT, where no
+    /// Functions host runs (a container): deliveries authenticated with
+    /// Microsoft Entra ID (WEBHOOK_TENANT_ID, WEBHOOK_AUDIENCE).
+    Webhook,
     /// Create or upgrade the store's schema (idempotent).
     Migrate,
     /// Push a file of events through the processor, as Event Grid would deliver them.
@@ -207,6 +211,7 @@ fn main() -> ExitCode {
 async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve => app::serve(config).await?,
+        Command::Webhook => app::webhook(config).await?,
         Command::Migrate => {
             let store = app::build_store(&config, app::NewFile::Created).await?;
             store.upgrade().await?;

@@ -10,10 +10,13 @@ use order_guard::config::Config;
 use serde_json::Value;
 
 /// Set by the Functions host or the platform, never by the user: the port,
-/// and the variables that say which hosting plan this is (`hosting::VARIABLES`).
+/// and the variables that say which hosting plan this is (`hosting::VARIABLES`);
+/// or read only by `order-guard webhook`, which no Functions host runs
+/// (`config::WEBHOOK_VARIABLES`).
 fn set_by_the_platform(k: &str) -> bool {
     ["FUNCTIONS_CUSTOMHANDLER_PORT", "FUNCTIONS_HTTPWORKER_PORT"].contains(&k)
         || order_guard::hosting::VARIABLES.contains(&k)
+        || order_guard::config::WEBHOOK_VARIABLES.contains(&k)
 }
 
 /// Entries the Functions host reads, not the handler (the sweep's timer

@@ -161,6 +161,17 @@ struct Opts {
     /// Its process id.
     #[arg(long)]
     telemetry_handler_pid: Option<u32>,
+    /// `order-guard webhook` on the same Redis and a SQLite file of its own
+    /// (`WEBHOOK_AUTH=off`): Event Grid's own door, measured beside the
+    /// Functions door in the same rounds.
+    #[arg(long)]
+    webhook_handler: Option<SocketAddr>,
+    /// Its process id.
+    #[arg(long)]
+    webhook_handler_pid: Option<u32>,
+    /// Events per delivery of the webhook's batch phase.
+    #[arg(long, default_value_t = 100)]
+    webhook_batch: u64,
 }
 
 fn main() -> ExitCode {
@@ -201,6 +212,8 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     let unique_cluster = Arc::new(AtomicU64::new(0));
     let unique_redis = Arc::new(AtomicU64::new(0));
     let unique_otel = Arc::new(AtomicU64::new(0));
+    let unique_webhook = Arc::new(AtomicU64::new(0));
+    let unique_batch = Arc::new(AtomicU64::new(0));
     let redis = redis::Client::open(opts.redis_url.as_str())?
         .get_multiplexed_async_connection()
         .await
@@ -274,6 +287,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             }
             for (addr, pid, tag, unique, [first_name, dup_name]) in pair.into_iter().flatten() {
                 let (first, dup) = first_then_duplicates(
+                    Door::Functions,
                     addr,
                     tag,
                     c,
@@ -289,6 +303,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             }
             // The same on a handler without the cache: duplicates go to Redis.
             let (_, dup) = first_then_duplicates(
+                Door::Functions,
                 opts.redis_handler,
                 tag ^ 0x1e1e_1e1e,
                 c,
@@ -300,8 +315,40 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             )
             .await?;
             record("duplicate_redis", &dup)?;
+            if let (Some(addr), Some(pid)) = (opts.webhook_handler, opts.webhook_handler_pid) {
+                let watch = [("handler", pid)];
+                let (first, dup) = first_then_duplicates(
+                    Door::Webhook,
+                    addr,
+                    tag ^ 0x7e7e_7e7e,
+                    c,
+                    warmup,
+                    measure,
+                    &unique_webhook,
+                    &next,
+                    &watch,
+                )
+                .await?;
+                record("first_delivery_webhook", &first)?;
+                record("duplicate_webhook", &dup)?;
+                let s = phase(
+                    &Work::WebhookBatch {
+                        addr,
+                        tag: tag ^ 0x7b7b_7b7b,
+                        size: opts.webhook_batch,
+                    },
+                    c,
+                    warmup,
+                    measure,
+                    &unique_batch,
+                    &watch,
+                )
+                .await?;
+                record("webhook_batch", &s)?;
+            }
             if let (Some(addr), Some(pid)) = (opts.cluster_handler, opts.cluster_handler_pid) {
                 let (first, dup) = first_then_duplicates(
+                    Door::Functions,
                     addr,
                     tag ^ 0x6b6b_6b6b,
                     c,
@@ -333,6 +380,7 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 .await?;
                 record("sqlserver_roundtrip_ceiling", &s)?;
                 let (first, dup) = first_then_duplicates(
+                    Door::Functions,
                     addr,
                     tag ^ 0x3c3c_3c3c,
                     c,
@@ -404,6 +452,43 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             &PERCENTILES[..2],
             &[("sqlite_commit_ceiling", s("sqlite_commit_ceiling"))],
         ));
+        if opts.webhook_handler.is_some() {
+            // The webhook door beside the Functions door: the same ratios
+            // to the HTTP ceiling, and to the Functions door's own figure.
+            entries.extend(figure_entries(
+                "duplicate_webhook",
+                "events/s",
+                c,
+                s("duplicate_webhook"),
+                &PERCENTILES,
+                &[http, ("duplicate_cache_hit", s("duplicate_cache_hit"))],
+            ));
+            entries.extend(figure_entries(
+                "first_delivery_webhook",
+                "events/s",
+                c,
+                s("first_delivery_webhook"),
+                &PERCENTILES[..2],
+                &[http, ("first_delivery", s("first_delivery"))],
+            ));
+            entries.extend(figure_entries(
+                "webhook_batch",
+                "deliveries/s",
+                c,
+                s("webhook_batch"),
+                &PERCENTILES[..2],
+                &[],
+            ));
+            let mut events = entry(
+                "webhook_batch_events",
+                s("webhook_batch").rate() * opts.webhook_batch as f64,
+                "events/s",
+                Some(c),
+            );
+            events.ratio_to_ceiling = Some(events.value / s("http_ceiling").rate());
+            events.ceiling = Some("http_ceiling".into());
+            entries.push(events);
+        }
         entries.extend(figure_entries(
             "http_ceiling",
             "req/s",
@@ -499,6 +584,8 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
             "first_delivery_cluster",
             "duplicate_sqlserver",
             "first_delivery_sqlserver",
+            "duplicate_webhook",
+            "first_delivery_webhook",
         ];
         for path in paths {
             if let Some(series) = series.get(&(path, c)) {

@@ -14,12 +14,24 @@ pub(crate) enum Work {
         tag: u32,
     },
     /// Unique orders: guard + SQLite durable commits.
-    FirstDelivery { addr: SocketAddr, tag: u32 },
+    FirstDelivery {
+        addr: SocketAddr,
+        tag: u32,
+        door: Door,
+    },
     /// Redeliveries of orders completed earlier in this run.
     Duplicate {
         addr: SocketAddr,
         tag: u32,
         completed: u64,
+        door: Door,
+    },
+    /// Webhook deliveries of `size` unique orders each (an operation is a
+    /// delivery).
+    WebhookBatch {
+        addr: SocketAddr,
+        tag: u32,
+        size: u64,
     },
     /// `SELECT 1` on a SQL Server connection per worker: one round trip.
     SqlRoundTrip { ado: Arc<String> },
@@ -33,6 +45,7 @@ impl Work {
             Work::RedisCeiling { .. } => "Redis ceiling",
             Work::FirstDelivery { .. } => "first delivery",
             Work::Duplicate { .. } => "duplicate",
+            Work::WebhookBatch { .. } => "webhook batch",
             Work::SqlRoundTrip { .. } => "SQL Server round-trip ceiling",
         }
     }
@@ -65,6 +78,7 @@ pub(crate) fn new_hist() -> Histogram<u64> {
 /// orders that phase completed: the two samples, in that order.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn first_then_duplicates(
+    door: Door,
     addr: SocketAddr,
     tag: u32,
     concurrency: usize,
@@ -75,7 +89,7 @@ pub(crate) async fn first_then_duplicates(
     watch: &[(&'static str, u32)],
 ) -> anyhow::Result<(Sample, Sample)> {
     let first = phase(
-        &Work::FirstDelivery { addr, tag },
+        &Work::FirstDelivery { addr, tag, door },
         concurrency,
         warmup,
         measure,
@@ -89,6 +103,7 @@ pub(crate) async fn first_then_duplicates(
             addr,
             tag,
             completed,
+            door,
         },
         concurrency,
         warmup,
@@ -177,7 +192,8 @@ pub(crate) async fn worker(
     let mut sender = match &work {
         Work::HttpCeiling { addr }
         | Work::FirstDelivery { addr, .. }
-        | Work::Duplicate { addr, .. } => Some(http_connection(*addr).await?),
+        | Work::Duplicate { addr, .. }
+        | Work::WebhookBatch { addr, .. } => Some(http_connection(*addr).await?),
         Work::RedisCeiling { .. } | Work::SqlRoundTrip { .. } => None,
     };
     let mut sql_client = match &work {
@@ -209,19 +225,34 @@ pub(crate) async fn worker(
                 let s = sender.as_mut().expect("http");
                 invoke(s, *addr, body, "\"outcome\"").await
             }
-            Work::FirstDelivery { addr, tag } => {
-                let body = invocation_body(*tag, n);
+            Work::FirstDelivery { addr, tag, door } => {
+                let body = match door {
+                    Door::Functions => invocation_body(*tag, n),
+                    Door::Webhook => webhook_body(*tag, n, 1),
+                };
                 let s = sender.as_mut().expect("http");
-                invoke(s, *addr, body, "\"outcome\":\"executed\"").await
+                let request = delivery_request(*door, *addr, body)?;
+                send(s, request, "\"outcome\":\"executed\"").await
             }
             Work::Duplicate {
                 addr,
                 tag,
                 completed,
+                door,
             } => {
-                let body = invocation_body(*tag, n % completed);
+                let body = match door {
+                    Door::Functions => invocation_body(*tag, n % completed),
+                    Door::Webhook => webhook_body(*tag, n % completed, 1),
+                };
                 let s = sender.as_mut().expect("http");
-                invoke(s, *addr, body, "\"outcome\":\"duplicate\"").await
+                let request = delivery_request(*door, *addr, body)?;
+                send(s, request, "\"outcome\":\"duplicate\"").await
+            }
+            Work::WebhookBatch { addr, tag, size } => {
+                let body = webhook_body(*tag, n * size, *size);
+                let s = sender.as_mut().expect("http");
+                let request = delivery_request(Door::Webhook, *addr, body)?;
+                send(s, request, "\"outcome\":\"executed\"").await
             }
             Work::SqlRoundTrip { .. } => {
                 let c = sql_client.as_mut().expect("sql");
@@ -261,7 +292,7 @@ pub(crate) async fn worker(
                 if errors >= MAX_ERRORS {
                     bail!("{errors} operations failed; stopping");
                 }
-                if matches!(work, Work::FirstDelivery { .. }) {
+                if matches!(work, Work::FirstDelivery { .. } | Work::WebhookBatch { .. }) {
                     bail!("a first delivery failed: the duplicate phase would be wrong");
                 }
                 // The connection may be broken: start a new one.

@@ -220,7 +220,7 @@ pub async fn build_command_processor(
 
 /// A background migration that ends only when it gives up: with the
 /// failure no retry can fix (`serve` then stops, saying it).
-type GiveUp = tokio::task::JoinHandle<crate::store::StoreError>;
+pub(super) type GiveUp = tokio::task::JoinHandle<crate::store::StoreError>;
 
 /// What `build_processor_as` makes: the processor, the background
 /// migration (if the first failed), and the outbox's dispatcher (`serve`

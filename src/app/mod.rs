@@ -1,6 +1,7 @@
 //! Wiring: the parts built from `Config` (`build`), and the commands the
 //! binary runs, a file each: `serve`, `replay`, the operator's read-outs
-//! (`inspect`), `dead_letters` and `outbox`.
+//! (`inspect`), `dead_letters`, `outbox`, and `webhook`: Event Grid's own
+//! protocol, the second front door.
 
 mod build;
 mod dead_letters;
@@ -8,6 +9,7 @@ mod inspect;
 mod outbox;
 mod replay;
 mod serve;
+mod webhook;
 
 pub use self::build::{
     build_checked_guard, build_command_processor, build_guard, build_processor,
@@ -20,6 +22,7 @@ pub use self::inspect::{prune_guard, status, PruneSummary, Status};
 pub use self::outbox::{outbox_dispatch, outbox_list, outbox_resend, outbox_retry, DispatchRun};
 pub use self::replay::{read_replay_file, replay, ReplaySummary};
 pub use self::serve::serve;
+pub use self::webhook::webhook;
 
 use self::build::open_checked;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::build::{build_processor_as, describe, start_telemetry, Built, Start};
+use super::build::{build_processor_as, describe, start_telemetry, Built, GiveUp, Start};
 use super::dead_letters::dead_letter_container;
 use crate::config::Config;
 
@@ -17,30 +17,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         background,
         dispatcher,
     } = build_processor_as(&config, telemetry.as_ref(), Start::Serve).await?;
-    // A background migration that gives up (a right missing, found after
-    // the first try) stops the handler like a signal, then fails the start.
-    let gave_up = Arc::new(std::sync::OnceLock::<String>::new());
-    let stop = {
-        let gave_up = Arc::clone(&gave_up);
-        async move {
-            let given_up = async {
-                match background {
-                    Some(task) => match task.await {
-                        Ok(e) => e.to_string(),
-                        Err(e) => format!("the background migration failed: {e}"),
-                    },
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = shutdown_signal() => {}
-                e = given_up => {
-                    log::error!("stopping: {e}");
-                    let _ = gave_up.set(e);
-                }
-            }
-        }
-    };
+    let (stop, gave_up) = stop_on(background);
     let container = match &config.dead_letter {
         Some(_) => Some(dead_letter_container(&config)?),
         None => None,
@@ -70,6 +47,40 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         Some(e) => Err(anyhow::anyhow!("{e}")).context("the SQL Server store cannot be used"),
         None => Ok(()),
     }
+}
+
+/// What stops a server: SIGTERM or SIGINT, or a background migration that
+/// gives up (a right missing, found after the first try), which stops the
+/// handler like a signal and then fails the start with what it said.
+pub(super) fn stop_on(
+    background: Option<GiveUp>,
+) -> (
+    impl std::future::Future<Output = ()> + Send + 'static,
+    Arc<std::sync::OnceLock<String>>,
+) {
+    let gave_up = Arc::new(std::sync::OnceLock::<String>::new());
+    let stop = {
+        let gave_up = Arc::clone(&gave_up);
+        async move {
+            let given_up = async {
+                match background {
+                    Some(task) => match task.await {
+                        Ok(e) => e.to_string(),
+                        Err(e) => format!("the background migration failed: {e}"),
+                    },
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = shutdown_signal() => {}
+                e = given_up => {
+                    log::error!("stopping: {e}");
+                    let _ = gave_up.set(e);
+                }
+            }
+        }
+    };
+    (stop, gave_up)
 }
 
 async fn shutdown_signal() {

@@ -5,23 +5,27 @@
 
 use std::time::Duration;
 
+use crate::body::Limits;
 use crate::deadletter::DeadLetterSettings;
 use crate::finished::FinishedCacheSettings;
 use crate::guard::GuardSettings;
 use crate::guard::MEMORY_GUARD_MAX_COMPLETED;
-use crate::host::Limits;
 use crate::hosting;
 use crate::order::FractionalNumbers;
 use crate::outbox::OutboxSettings;
 use crate::processor::{GuardPolicy, ProcessorSettings};
 use crate::store::sqlserver::SqlServerSettings;
 use crate::telemetry::TelemetrySettings;
+use crate::webhook::WebhookSettings;
 
 mod dead_letter;
 mod guard;
 mod outbox;
 mod state;
 mod telemetry;
+mod webhook;
+
+pub use self::webhook::{DEFAULT_WEBHOOK_PORT, WEBHOOK_VARIABLES};
 
 pub use dead_letter::DEFAULT_DEAD_LETTER_CONTAINER;
 pub use guard::{redis_url, GuardConfig, RedisAuth};
@@ -66,6 +70,9 @@ pub struct Config {
     pub telemetry: TelemetrySettings,
     /// Where executions are announced (`OUTBOX_*`; kept, not sent, by default).
     pub outbox: OutboxSettings,
+    /// Event Grid's webhook (`WEBHOOK_*`), or what is missing for it: only
+    /// the `webhook` command needs it.
+    pub webhook: Result<WebhookSettings, ConfigError>,
     /// The state settings left unset (`REDIS_URL`, `SQL_CONNECTION_STRING`),
     /// so on their embedded default: operator commands that act on
     /// production data refuse to run that way by accident.
@@ -228,7 +235,9 @@ impl Config {
                 format!("must be shorter than INVOCATION_DEADLINE_MS ({deadline}), so a Redis call that hangs times out (and its reservation is disowned) before the event's deadline; got {redis_timeout}"),
             ));
         }
-        let store = state::store(&val, &hosting::runs(&get))?;
+        let runs = hosting::runs(&get);
+        let store = state::store(&val, &runs)?;
+        let webhook = webhook::webhook(&val, &runs);
         let dead_letter = dead_letter::dead_letter(
             val("DEAD_LETTER_STORAGE"),
             azure_client_id.as_deref(),
@@ -333,6 +342,7 @@ impl Config {
             dead_letter,
             telemetry,
             outbox,
+            webhook,
             defaulted_state: ["REDIS_URL", "SQL_CONNECTION_STRING"]
                 .into_iter()
                 .filter(|var| val(var).is_none())

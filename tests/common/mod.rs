@@ -21,6 +21,7 @@ pub mod identity;
 mod mssql;
 pub mod proxy;
 mod redis;
+pub mod webhook;
 
 // Each test binary uses some of these: the others are not unused code.
 #[allow(unused_imports)]

@@ -1,0 +1,391 @@
+//! Who may deliver: Event Grid's Microsoft Entra ID token on every request.
+//!
+//! With Entra ID on a webhook subscription, Event Grid asks Entra ID for a
+//! token for the webhook's app and sends it as `Authorization: Bearer …`
+//! with every request, the validation handshake included. A delivery is
+//! taken only when its token
+//! - is signed (RS256) by one of the tenant's signing keys, fetched from the
+//!   authority's JWKS document, cached, and fetched again when a token names
+//!   a key id the cache does not hold (Entra ID rolls its keys), at most
+//!   once per [`REFETCH_AT_MOST_EVERY`] so a flood of made-up key ids cannot
+//!   turn into a flood of fetches (a key id met sooner is answered `503`:
+//!   Event Grid delivers again later, when a rolled key is found);
+//! - is for this app (`aud`: its application id or application id URI, as
+//!   the subscription names it), from the tenant (`iss`: the v1 or v2
+//!   issuer), within its lifetime (`exp`, `nbf`, with [`CLOCK_SKEW`]);
+//! - was issued to Event Grid ([`EVENT_GRID_APP_ID`] in `appid` or `azp`)
+//!   and carries the [`SUBSCRIBER_ROLE`] app role.
+//!
+//! What fails is said apart ([`Refusal`]): a token missing, malformed,
+//! badly signed, expired, or for another app or tenant is `401`; a valid
+//! token of another caller or without the role is `403`; keys that cannot be
+//! fetched are `503`, never `401` or `403`, which Event Grid does not retry.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+
+/// Event Grid's own application id: the service principal Entra ID issues
+/// its delivery tokens to.
+pub const EVENT_GRID_APP_ID: &str = "4962773b-9cdb-44cf-a8bf-237846a00ab7";
+/// The app role the webhook's app assigns to Event Grid's service principal.
+pub const SUBSCRIBER_ROLE: &str = "AzureEventGridSecureWebhookSubscriber";
+/// Entra ID's authority, where a tenant's signing keys are published.
+pub const DEFAULT_AUTHORITY: &str = "https://login.microsoftonline.com";
+/// Leeway on `exp` and `nbf`: clocks of two machines disagree a little.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(60);
+/// A key id the cache does not know fetches the keys again, at most this
+/// often.
+pub const REFETCH_AT_MOST_EVERY: Duration = Duration::from_secs(30);
+/// Keys held longer than this are fetched again before use.
+pub const KEYS_KEPT_FOR: Duration = Duration::from_secs(24 * 3600);
+/// How long one fetch of the keys may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The Entra ID settings of the webhook (built by `config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntraSettings {
+    /// The tenant of the webhook's app (a GUID).
+    pub tenant_id: String,
+    /// The webhook app's application id or application id URI: the
+    /// audience the subscription asks tokens for.
+    pub audience: String,
+    /// Where the tenant's keys are published: `{authority}/{tenant}/discovery/v2.0/keys`.
+    pub authority: String,
+}
+
+impl EntraSettings {
+    /// The JWKS document's address.
+    pub fn keys_url(&self) -> String {
+        format!(
+            "{}/{}/discovery/v2.0/keys",
+            self.authority.trim_end_matches('/'),
+            self.tenant_id
+        )
+    }
+
+    /// The issuers a token of the tenant may name: v1 and v2 tokens.
+    pub fn issuers(&self) -> [String; 2] {
+        [
+            format!("https://sts.windows.net/{}/", self.tenant_id),
+            format!("https://login.microsoftonline.com/{}/v2.0", self.tenant_id),
+        ]
+    }
+}
+
+/// Why a delivery is refused before any event is looked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// 401: no valid token for this app from this tenant.
+    Unauthenticated(String),
+    /// 403: a valid token, but not Event Grid's, or without the role.
+    Forbidden(String),
+    /// 503: the signing keys could not be had; Event Grid retries.
+    Unavailable(String),
+}
+
+/// The claims checked beyond what [`Validation`] checks.
+#[derive(Debug, Deserialize)]
+struct Claims {
+    /// v1 tokens: the caller's application id.
+    appid: Option<String>,
+    /// v2 tokens: the same.
+    azp: Option<String>,
+    #[serde(default)]
+    roles: Vec<String>,
+}
+
+/// Whether a token's caller and roles are Event Grid's delivering as a
+/// subscriber (pure): the caller's application id is Event Grid's, and the
+/// subscriber role is among its roles.
+fn caller_refusal(appid: Option<&str>, roles: &[String]) -> Option<String> {
+    match appid {
+        Some(id) if id.eq_ignore_ascii_case(EVENT_GRID_APP_ID) => {}
+        Some(id) => {
+            return Some(format!(
+                "the token was issued to application {id}, not to Event Grid ({EVENT_GRID_APP_ID})"
+            ))
+        }
+        None => {
+            return Some(format!(
+                "the token names no caller (appid or azp); Event Grid's is {EVENT_GRID_APP_ID}"
+            ))
+        }
+    }
+    if roles.iter().any(|r| r == SUBSCRIBER_ROLE) {
+        None
+    } else {
+        Some(format!(
+            "the token does not carry the {SUBSCRIBER_ROLE} app role (assign it to Event Grid's service principal on the webhook's app)"
+        ))
+    }
+}
+
+/// What to do for a token's key id (see [`key_step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyStep {
+    /// Check the token with the key held.
+    Use,
+    /// Fetch the keys (none held, held too long, or a key id they lack).
+    Fetch,
+    /// The keys were fetched too lately to fetch them again for a key id
+    /// they lack: answer `503`, so Event Grid delivers again after this
+    /// long or more (a roll is then found; a made-up id is then `401`).
+    AskAgainIn(Duration),
+}
+
+/// The step for a key id (pure): `held` is whether the keys held have it
+/// and when they were fetched, `last_fetch` when a fetch last began.
+fn key_step(held: Option<(bool, Instant)>, last_fetch: Option<Instant>, now: Instant) -> KeyStep {
+    match held {
+        None => KeyStep::Fetch,
+        Some((_, fetched)) if now.saturating_duration_since(fetched) >= KEYS_KEPT_FOR => {
+            KeyStep::Fetch
+        }
+        Some((true, _)) => KeyStep::Use,
+        Some((false, _)) => {
+            let since = last_fetch.map_or(REFETCH_AT_MOST_EVERY, |at| {
+                now.saturating_duration_since(at)
+            });
+            if since >= REFETCH_AT_MOST_EVERY {
+                KeyStep::Fetch
+            } else {
+                KeyStep::AskAgainIn(REFETCH_AT_MOST_EVERY - since)
+            }
+        }
+    }
+}
+
+/// The signing keys held, and when they were fetched.
+struct Keys {
+    set: JwkSet,
+    fetched: Instant,
+}
+
+/// Checks delivery tokens against the tenant's signing keys.
+pub struct Verifier {
+    settings: EntraSettings,
+    validation: Validation,
+    client: reqwest::Client,
+    keys: tokio::sync::Mutex<Option<Keys>>,
+    /// When a fetch was last begun (a made-up key id waits for the next).
+    last_fetch: Mutex<Option<Instant>>,
+}
+
+impl Verifier {
+    pub fn new(settings: EntraSettings) -> anyhow::Result<Verifier> {
+        crate::tls::install_crypto_provider();
+        let mut validation = Validation::new(Algorithm::RS256);
+        validation.set_audience(&[settings.audience.as_str()]);
+        validation.set_issuer(&settings.issuers());
+        validation.set_required_spec_claims(&["exp", "aud", "iss"]);
+        validation.validate_nbf = true;
+        validation.leeway = CLOCK_SKEW.as_secs();
+        let client = reqwest::Client::builder()
+            .timeout(FETCH_TIMEOUT)
+            .build()
+            .map_err(|e| {
+                anyhow::anyhow!("cannot build the HTTP client for Entra ID's keys: {e}")
+            })?;
+        Ok(Verifier {
+            settings,
+            validation,
+            client,
+            keys: tokio::sync::Mutex::new(None),
+            last_fetch: Mutex::new(None),
+        })
+    }
+
+    pub fn settings(&self) -> &EntraSettings {
+        &self.settings
+    }
+
+    /// The delivery's `Authorization` header checked: `Ok` when Event Grid
+    /// sent it for this app.
+    pub async fn check(&self, authorization: Option<&str>) -> Result<(), Refusal> {
+        let Some(value) = authorization else {
+            return Err(Refusal::Unauthenticated(
+                "no Authorization header: Event Grid sends a bearer token when the subscription uses Microsoft Entra ID".into(),
+            ));
+        };
+        let token = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                Refusal::Unauthenticated("the Authorization header is not a bearer token".into())
+            })?;
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|e| Refusal::Unauthenticated(format!("the bearer token is not a JWT: {e}")))?;
+        if header.alg != Algorithm::RS256 {
+            return Err(Refusal::Unauthenticated(format!(
+                "the token is signed with {:?}; Entra ID signs with RS256",
+                header.alg
+            )));
+        }
+        let kid = header.kid.ok_or_else(|| {
+            Refusal::Unauthenticated("the token names no signing key (kid)".into())
+        })?;
+        let key = self.key(&kid).await?;
+        let data = jsonwebtoken::decode::<Claims>(token, &key, &self.validation).map_err(|e| {
+            Refusal::Unauthenticated(format!(
+                "the token is not valid for {} in tenant {}: {e}",
+                self.settings.audience, self.settings.tenant_id
+            ))
+        })?;
+        let claims = data.claims;
+        let caller = claims.appid.as_deref().or(claims.azp.as_deref());
+        match caller_refusal(caller, &claims.roles) {
+            Some(why) => Err(Refusal::Forbidden(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// The key `kid` names, by [`key_step`]: from the keys held, or from
+    /// a fetch of them.
+    async fn key(&self, kid: &str) -> Result<DecodingKey, Refusal> {
+        let mut keys = self.keys.lock().await;
+        let now = Instant::now();
+        let held = keys
+            .as_ref()
+            .map(|k| (k.set.find(kid).is_some(), k.fetched));
+        let last_fetch = *self.last_fetch.lock().unwrap_or_else(|p| p.into_inner());
+        match key_step(held, last_fetch, now) {
+            KeyStep::Use => {}
+            KeyStep::AskAgainIn(wait) => {
+                return Err(Refusal::Unavailable(format!(
+                    "the token's signing key {kid:?} is not among the keys fetched {} s ago; they are fetched again in {} s (Entra ID may have rolled them)",
+                    last_fetch.map_or(0, |at| now.saturating_duration_since(at).as_secs()),
+                    wait.as_secs().max(1)
+                )))
+            }
+            KeyStep::Fetch => {
+                *self.last_fetch.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+                match self.fetch().await {
+                    Ok(set) => {
+                        *keys = Some(Keys {
+                            set,
+                            fetched: Instant::now(),
+                        })
+                    }
+                    // Keys held, even old, still sign the tokens they signed.
+                    Err(e) if keys.is_some() => log::warn!("{e}; the keys held are used meanwhile"),
+                    Err(e) => return Err(Refusal::Unavailable(e)),
+                }
+            }
+        }
+        match keys.as_ref().and_then(|k| k.set.find(kid)) {
+            Some(jwk) => decoding_key(jwk),
+            None => Err(Refusal::Unauthenticated(format!(
+                "the token's signing key {kid:?} is not among tenant {}'s keys",
+                self.settings.tenant_id
+            ))),
+        }
+    }
+
+    async fn fetch(&self) -> Result<JwkSet, String> {
+        let url = self.settings.keys_url();
+        let failed = |e: String| format!("cannot fetch Entra ID's signing keys from {url}: {e}");
+        let response = self
+            .client
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        if !response.status().is_success() {
+            return Err(failed(format!("HTTP {}", response.status())));
+        }
+        let body = response.bytes().await.map_err(|e| failed(e.to_string()))?;
+        serde_json::from_slice(&body).map_err(|e| failed(format!("not a JWKS document: {e}")))
+    }
+}
+
+fn decoding_key(jwk: &jsonwebtoken::jwk::Jwk) -> Result<DecodingKey, Refusal> {
+    DecodingKey::from_jwk(jwk).map_err(|e| {
+        Refusal::Unauthenticated(format!("the token's signing key cannot be used: {e}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roles(r: &[&str]) -> Vec<String> {
+        r.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn only_event_grid_with_the_subscriber_role_may_deliver() {
+        assert_eq!(
+            caller_refusal(Some(EVENT_GRID_APP_ID), &roles(&[SUBSCRIBER_ROLE])),
+            None
+        );
+        assert_eq!(
+            caller_refusal(
+                Some(&EVENT_GRID_APP_ID.to_uppercase()),
+                &roles(&["Other", SUBSCRIBER_ROLE])
+            ),
+            None
+        );
+        let other = caller_refusal(
+            Some("00000000-0000-0000-0000-000000000001"),
+            &roles(&[SUBSCRIBER_ROLE]),
+        )
+        .unwrap();
+        assert!(other.contains("not to Event Grid"), "{other}");
+        assert!(caller_refusal(None, &roles(&[SUBSCRIBER_ROLE]))
+            .unwrap()
+            .contains("names no caller"));
+        let no_role = caller_refusal(Some(EVENT_GRID_APP_ID), &roles(&["Reader"])).unwrap();
+        assert!(no_role.contains(SUBSCRIBER_ROLE), "{no_role}");
+        assert!(caller_refusal(Some(EVENT_GRID_APP_ID), &[]).is_some());
+    }
+
+    #[test]
+    fn keys_are_fetched_when_missing_old_or_lacking_a_key_id_at_most_every_30_s() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(key_step(None, None, t), KeyStep::Fetch);
+        assert_eq!(key_step(Some((true, t)), Some(t), t + s(5)), KeyStep::Use);
+        assert_eq!(
+            key_step(Some((true, t)), Some(t), t + KEYS_KEPT_FOR),
+            KeyStep::Fetch,
+            "held too long"
+        );
+        assert_eq!(
+            key_step(Some((false, t)), Some(t), t + s(10)),
+            KeyStep::AskAgainIn(s(20)),
+            "a key id the fresh keys lack: ask again later, not 401"
+        );
+        assert_eq!(
+            key_step(Some((false, t)), Some(t), t + REFETCH_AT_MOST_EVERY),
+            KeyStep::Fetch,
+            "a rolled key is found once the interval has passed"
+        );
+        assert_eq!(key_step(Some((false, t)), None, t), KeyStep::Fetch);
+    }
+
+    #[test]
+    fn the_keys_and_issuers_are_the_tenants() {
+        let s = EntraSettings {
+            tenant_id: "t1".into(),
+            audience: "api://app".into(),
+            authority: "https://login.microsoftonline.com/".into(),
+        };
+        assert_eq!(
+            s.keys_url(),
+            "https://login.microsoftonline.com/t1/discovery/v2.0/keys"
+        );
+        assert_eq!(
+            s.issuers(),
+            [
+                "https://sts.windows.net/t1/".to_string(),
+                "https://login.microsoftonline.com/t1/v2.0".to_string()
+            ]
+        );
+    }
+}

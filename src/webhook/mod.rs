@@ -1,0 +1,349 @@
+//! Event Grid's webhook protocol: the second front door, for where no
+//! Functions host runs (Azure Container Apps, AKS, a container anywhere).
+//! The processor, guard, store, outbox and telemetry behind it are the ones
+//! `host` serves; only the wire differs (docs/webhook.md).
+//!
+//! - `POST /events`: a delivery. Event Grid schema (a JSON array, the
+//!   `aeg-event-type` header saying what it is), one CloudEvent
+//!   (`application/cloudevents+json`) or a CloudEvents batch (an array).
+//!   The validation handshake is answered with its code in the same
+//!   request; the token is checked first ([`auth`]), then the body is read
+//!   within [`Limits`], then the events are processed as one trigger:
+//!   [`delivery::status`] maps the outcomes to Event Grid's codes.
+//! - `OPTIONS /events`: the CloudEvents abuse-protection handshake.
+//! - `GET /healthz` (alive) and `GET /readyz` (the guard and the store
+//!   answer, and no drain under way).
+//!
+//! On the shutdown signal the door drains: each delivery in flight is
+//! finished and answered, every new one is answered 503 (Event Grid
+//! delivers it again, to another replica or after the restart), `readyz`
+//! says 503, and the listener closes once nothing is in flight or the grace
+//! has passed.
+
+pub mod auth;
+pub mod delivery;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use serde_json::json;
+use warp::http::StatusCode;
+use warp::{Filter, Reply};
+
+use self::auth::{Refusal, Verifier};
+use self::delivery::Delivery;
+use crate::body::Limits;
+use crate::processor::Processor;
+
+/// The path Event Grid delivers to.
+pub const PATH: &str = "events";
+/// The CloudEvents handshake's request header.
+pub const REQUEST_ORIGIN: &str = "webhook-request-origin";
+/// How long a readiness check waits for the guard and the store.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How deliveries are authenticated (built by `config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookAuth {
+    /// Event Grid's Microsoft Entra ID token, required on every request.
+    Entra(auth::EntraSettings),
+    /// None: for a developer's machine only (`config` refuses it elsewhere).
+    Off,
+}
+
+/// The webhook's settings (built by `config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookSettings {
+    /// The port it listens on, on every interface (`WEBHOOK_PORT`).
+    pub port: u16,
+    pub auth: WebhookAuth,
+}
+
+/// The door: what every request shares.
+pub struct Door {
+    processor: Arc<Processor>,
+    verifier: Option<Verifier>,
+    limits: Limits,
+    draining: AtomicBool,
+    in_flight: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One delivery in flight, counted until it is answered.
+struct InFlight<'a>(&'a Door);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+fn answer(status: StatusCode, body: serde_json::Value) -> warp::reply::Response {
+    warp::reply::with_status(warp::reply::json(&body), status).into_response()
+}
+
+fn refused(status: StatusCode, why: &str) -> warp::reply::Response {
+    log::warn!(
+        "webhook delivery refused ({}): {}",
+        status.as_u16(),
+        crate::text::escaped(why)
+    );
+    answer(status, json!({ "error": why }))
+}
+
+impl Door {
+    pub fn new(processor: Arc<Processor>, verifier: Option<Verifier>, limits: Limits) -> Door {
+        Door {
+            processor,
+            verifier,
+            limits,
+            draining: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            idle: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Deliveries being processed now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// One `POST /events`.
+    async fn deliver<S, B>(
+        &self,
+        authorization: Option<String>,
+        event_type: Option<String>,
+        length: Option<u64>,
+        body: S,
+    ) -> warp::reply::Response
+    where
+        S: Stream<Item = Result<B, warp::Error>> + Unpin,
+        B: bytes::Buf,
+    {
+        // Counted before the drain is looked at: a drain that begins now
+        // waits for this delivery, or this delivery sees the drain.
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let _counted = InFlight(self);
+        if self.draining.load(Ordering::SeqCst) {
+            return refused(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "this instance is shutting down; Event Grid delivers again",
+            );
+        }
+        if let Some(verifier) = &self.verifier {
+            match verifier.check(authorization.as_deref()).await {
+                Ok(()) => {}
+                Err(Refusal::Unauthenticated(why)) => {
+                    return refused(StatusCode::UNAUTHORIZED, &why)
+                }
+                Err(Refusal::Forbidden(why)) => return refused(StatusCode::FORBIDDEN, &why),
+                Err(Refusal::Unavailable(why)) => {
+                    return refused(StatusCode::SERVICE_UNAVAILABLE, &why)
+                }
+            }
+        }
+        let bytes = match crate::body::read(body, length, self.limits).await {
+            Ok(bytes) => bytes,
+            Err(e) => return refused(e.status(), &e.to_string()),
+        };
+        match delivery::read(event_type.as_deref(), &bytes) {
+            Err(why) => refused(StatusCode::BAD_REQUEST, &why),
+            Ok(Delivery::Validation { code }) => {
+                log::info!("Event Grid subscription validated (synchronous handshake)");
+                answer(StatusCode::OK, json!({ "validationResponse": code }))
+            }
+            Ok(Delivery::Deletion) => {
+                log::warn!("Event Grid says the subscription delivering here was deleted");
+                answer(StatusCode::OK, json!({}))
+            }
+            Ok(Delivery::Events(events)) => {
+                let result = self.processor.process_trigger(events).await;
+                let status = delivery::status(&result);
+                answer(status, json!({ "results": result.outcomes }))
+            }
+        }
+    }
+
+    /// `GET /readyz`: the guard and the store answer, and no drain.
+    async fn ready(&self) -> Result<(), String> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err("shutting down".into());
+        }
+        let probe = "readiness-probe";
+        let guard = tokio::time::timeout(READY_TIMEOUT, self.processor.guard().inspect(probe));
+        let store = tokio::time::timeout(READY_TIMEOUT, self.processor.store().identity());
+        let (guard, store) = tokio::join!(guard, store);
+        match guard {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(format!("the guard does not answer: {e}")),
+            Err(_) => return Err("the guard does not answer in time".into()),
+        }
+        match store {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("the store does not answer: {e}")),
+            Err(_) => Err("the store does not answer in time".into()),
+        }
+    }
+
+    /// The drain: new deliveries answered 503 from now on; returns once
+    /// none is in flight, or `grace` has passed.
+    pub async fn drain(&self, grace: Duration) {
+        self.draining.store(true, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            let n = self.in_flight();
+            if n == 0 {
+                log::info!("all deliveries drained");
+                return;
+            }
+            tokio::select! {
+                () = idle => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    log::warn!("shutdown grace of {} s passed with {n} deliveries in flight", grace.as_secs());
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The webhook's routes.
+pub fn routes(
+    door: Arc<Door>,
+) -> impl Filter<Extract = (warp::reply::Response,), Error = Infallible> + Clone {
+    let with_door = warp::any().map(move || Arc::clone(&door));
+    let deliver = warp::post()
+        .and(warp::path(PATH))
+        .and(warp::path::end())
+        .and(with_door.clone())
+        .and(warp::header::optional::<String>("authorization"))
+        .and(warp::header::optional::<String>(
+            delivery::EVENT_TYPE_HEADER,
+        ))
+        .and(warp::header::optional::<u64>("content-length"))
+        .and(warp::body::stream())
+        .then(
+            |door: Arc<Door>, authorization, event_type, length, body| async move {
+                door.deliver(authorization, event_type, length, Box::pin(body))
+                    .await
+            },
+        );
+    let handshake = warp::options()
+        .and(warp::path(PATH))
+        .and(warp::path::end())
+        .and(warp::header::optional::<String>(REQUEST_ORIGIN))
+        .map(|origin: Option<String>| match origin {
+            Some(origin) => {
+                let mut response = warp::reply::with_status("", StatusCode::OK).into_response();
+                let headers = response.headers_mut();
+                if let Ok(v) = origin.parse() {
+                    headers.insert("WebHook-Allowed-Origin", v);
+                }
+                headers.insert("WebHook-Allowed-Rate", warp::http::HeaderValue::from_static("*"));
+                headers.insert("Allow", warp::http::HeaderValue::from_static("POST, OPTIONS"));
+                response
+            }
+            None => refused(
+                StatusCode::BAD_REQUEST,
+                "an OPTIONS request without WebHook-Request-Origin: not the CloudEvents webhook handshake",
+            ),
+        });
+    let alive = warp::get()
+        .and(warp::path("healthz"))
+        .and(warp::path::end())
+        .and(with_door.clone())
+        .map(|door: Arc<Door>| {
+            answer(
+                StatusCode::OK,
+                json!({
+                    "status": "alive",
+                    "inFlight": door.in_flight(),
+                    "draining": door.draining.load(Ordering::SeqCst),
+                }),
+            )
+        });
+    let ready = warp::get()
+        .and(warp::path("readyz"))
+        .and(warp::path::end())
+        .and(with_door)
+        .then(|door: Arc<Door>| async move {
+            match door.ready().await {
+                Ok(()) => answer(StatusCode::OK, json!({ "status": "ready" })),
+                Err(why) => answer(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    json!({ "status": "not ready", "reason": why }),
+                ),
+            }
+        });
+    deliver
+        .or(handshake)
+        .unify()
+        .or(alive)
+        .unify()
+        .or(ready)
+        .unify()
+        .recover(|rejection: warp::Rejection| async move {
+            let status = if rejection.is_not_found() {
+                StatusCode::NOT_FOUND
+            } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
+                StatusCode::METHOD_NOT_ALLOWED
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            Ok::<_, Infallible>(answer(
+                status,
+                json!({ "error": format!("this webhook serves POST and OPTIONS /{PATH}, GET /healthz and GET /readyz ({rejection:?})") }),
+            ))
+        })
+        .unify()
+}
+
+/// Bind `addr` and serve until `shutdown` resolves, then drain for at most
+/// `grace`. Returns the bound address and the server future.
+pub fn bind(
+    door: Arc<Door>,
+    addr: SocketAddr,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> anyhow::Result<(SocketAddr, impl Future<Output = ()>)> {
+    let closed = tokio_util::sync::CancellationToken::new();
+    let close = closed.clone();
+    let closing = closed.clone();
+    let drained = Arc::clone(&door);
+    let drain = async move {
+        shutdown.await;
+        log::info!(
+            "shutting down: {} deliveries in flight are finished, new ones answered 503",
+            drained.in_flight()
+        );
+        drained.drain(grace).await;
+        close.cancel();
+    };
+    let (bound, server) = warp::serve(routes(door))
+        .try_bind_with_graceful_shutdown(addr, async move { closed.cancelled().await })
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let run = async move {
+        tokio::spawn(drain);
+        // Past the grace a delivery still running is left unanswered (Event
+        // Grid delivers it again): the listener is gone, the process ends.
+        let overdue = async {
+            closing.cancelled().await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        tokio::select! {
+            () = server => {}
+            () = overdue => log::warn!("connections still open after the drain; closing them"),
+        }
+    };
+    Ok((bound, run))
+}

@@ -1,0 +1,295 @@
+//! Event Grid's webhook as the tests meet it: a local token issuer with
+//! keys of its own (an RSA key made by `openssl` for each issuer, never a
+//! real tenant's), tokens as Entra ID issues them to Event Grid, and
+//! deliveries as Event Grid sends them.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use serde_json::{json, Value};
+use warp::Filter;
+
+/// The tenant the tests' issuer speaks for.
+pub const TENANT: &str = "11111111-2222-3333-4444-555555555555";
+/// The webhook app's audience in the tests.
+pub const AUDIENCE: &str = "api://order-guard-webhook";
+/// Event Grid's application id, as Entra ID names it in its tokens.
+pub const EVENT_GRID_APP_ID: &str = "4962773b-9cdb-44cf-a8bf-237846a00ab7";
+/// The app role Event Grid is assigned on the webhook's app.
+pub const ROLE: &str = "AzureEventGridSecureWebhookSubscriber";
+
+/// An RSA signing key: its private PEM and its public JWK.
+pub struct SigningKey {
+    pub kid: String,
+    pem: Vec<u8>,
+    pub jwk: Value,
+}
+
+fn openssl(args: &[&str]) -> Vec<u8> {
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("the tests' token issuer needs openssl (apt-get install openssl): {e}")
+        });
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn base64url(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+impl SigningKey {
+    /// A new 2048-bit key named `kid`.
+    pub fn new(kid: &str, dir: &Path) -> SigningKey {
+        let path = dir.join(format!("{kid}.pem"));
+        let path = path.to_str().unwrap();
+        openssl(&["genrsa", "-out", path, "2048"]);
+        let pem = std::fs::read(path).unwrap();
+        let modulus =
+            String::from_utf8(openssl(&["rsa", "-in", path, "-noout", "-modulus"])).unwrap();
+        let hex = modulus.trim().trim_start_matches("Modulus=");
+        let n: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let jwk = json!({
+            "kty": "RSA", "use": "sig", "alg": "RS256", "kid": kid,
+            "n": base64url(&n), "e": "AQAB",
+        });
+        SigningKey {
+            kid: kid.to_string(),
+            pem,
+            jwk,
+        }
+    }
+
+    /// A token with these claims, signed by this key.
+    pub fn sign(&self, claims: &Value) -> String {
+        let mut header = Header::new(Algorithm::RS256);
+        header.kid = Some(self.kid.clone());
+        encode(
+            &header,
+            claims,
+            &EncodingKey::from_rsa_pem(&self.pem).expect("the issuer's key"),
+        )
+        .expect("sign")
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// The claims Entra ID puts in the token it issues to Event Grid for the
+/// webhook's app (a v1 token); tests change one at a time.
+pub fn event_grid_claims() -> Value {
+    let now = now();
+    json!({
+        "aud": AUDIENCE,
+        "iss": format!("https://sts.windows.net/{TENANT}/"),
+        "iat": now - 10, "nbf": now - 10, "exp": now + 3600,
+        "appid": EVENT_GRID_APP_ID,
+        "roles": [ROLE],
+        "tid": TENANT,
+    })
+}
+
+/// A local issuer: the tenant's JWKS document served on loopback at
+/// `/{TENANT}/discovery/v2.0/keys`, with the keys it publishes changeable
+/// (a key roll) and its fetches counted.
+pub struct Issuer {
+    pub addr: SocketAddr,
+    pub key: SigningKey,
+    published: Arc<Mutex<Vec<Value>>>,
+    fetches: Arc<AtomicUsize>,
+    _dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Issuer {
+    /// Listening on `addr` (port 0: a free one), publishing one key.
+    pub async fn start_on(addr: SocketAddr) -> Issuer {
+        let dir = tempfile::tempdir().unwrap();
+        let key = SigningKey::new("key-1", dir.path());
+        let published = Arc::new(Mutex::new(vec![key.jwk.clone()]));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let keys = {
+            let published = Arc::clone(&published);
+            let fetches = Arc::clone(&fetches);
+            warp::get()
+                .and(warp::path!(String / "discovery" / "v2.0" / "keys"))
+                .map(move |tenant: String| {
+                    fetches.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(tenant, TENANT, "keys asked for another tenant");
+                    warp::reply::json(&json!({ "keys": *published.lock().unwrap() }))
+                })
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr, server) = warp::serve(keys).bind_with_graceful_shutdown(addr, async move {
+            let _ = rx.await;
+        });
+        tokio::spawn(server);
+        Issuer {
+            addr,
+            key,
+            published,
+            fetches,
+            _dir: dir,
+            stop: Some(tx),
+        }
+    }
+
+    pub async fn start() -> Issuer {
+        Issuer::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// `WEBHOOK_AUTHORITY` for this issuer.
+    pub fn authority(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The settings of a webhook that trusts this issuer.
+    pub fn settings(&self) -> Vec<(String, String)> {
+        vec![
+            ("WEBHOOK_TENANT_ID".into(), TENANT.into()),
+            ("WEBHOOK_AUDIENCE".into(), AUDIENCE.into()),
+            ("WEBHOOK_AUTHORITY".into(), self.authority()),
+        ]
+    }
+
+    /// A valid token for Event Grid's deliveries.
+    pub fn token(&self) -> String {
+        self.key.sign(&event_grid_claims())
+    }
+
+    /// Publish these keys from now on (a key roll).
+    pub fn publish(&self, keys: &[&SigningKey]) {
+        *self.published.lock().unwrap() = keys.iter().map(|k| k.jwk.clone()).collect();
+    }
+
+    /// How many times the keys were fetched.
+    pub fn fetches(&self) -> usize {
+        self.fetches.load(Ordering::SeqCst)
+    }
+
+    /// A key this issuer does not (yet) publish.
+    pub fn new_key(&self, kid: &str) -> SigningKey {
+        SigningKey::new(kid, self._dir.path())
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for Issuer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// An answer of the webhook: status, headers and JSON body (`Null` when
+/// the body is empty).
+pub struct WebhookAnswer {
+    pub status: u16,
+    pub headers: hyper::HeaderMap,
+    pub body: Value,
+}
+
+/// Send a request to the webhook at `base` (`http://host:port`).
+pub async fn webhook_request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, String)],
+    body: Vec<u8>,
+) -> WebhookAnswer {
+    let mut req = hyper::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, v.as_str());
+    }
+    let req = req
+        .header("Content-Length", body.len())
+        .body(hyper::Body::from(body))
+        .unwrap();
+    let resp = hyper::Client::new().request(req).await.expect("request");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = hyper::body::to_bytes(resp.into_body()).await.unwrap();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            panic!(
+                "answer is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&bytes)
+            )
+        })
+    };
+    WebhookAnswer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A delivery as Event Grid sends one in its own schema: the events as a
+/// JSON array, with `aeg-event-type: Notification` and the token.
+pub async fn deliver(base: &str, token: Option<&str>, events: &Value) -> WebhookAnswer {
+    let mut headers = vec![
+        ("Content-Type", "application/json".to_string()),
+        ("aeg-event-type", "Notification".to_string()),
+    ];
+    if let Some(t) = token {
+        headers.push(("Authorization", format!("Bearer {t}")));
+    }
+    webhook_request(
+        "POST",
+        &format!("{base}/events"),
+        &headers,
+        serde_json::to_vec(events).unwrap(),
+    )
+    .await
+}
+
+/// The outcome of each event of an answer, in order.
+pub fn outcomes(answer: &WebhookAnswer) -> Vec<String> {
+    answer.body["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no results in {}", answer.body))
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The validation event Event Grid sends when a subscription is made.
+pub fn validation_event(code: &str) -> Value {
+    json!([{
+        "id": uuid::Uuid::new_v4().to_string(),
+        "topic": "/subscriptions/1111/resourceGroups/rg/providers/Microsoft.EventGrid/topics/orders",
+        "subject": "",
+        "data": {
+            "validationCode": code,
+            "validationUrl": "https://rp-eastus2.eventgrid.azure.net:553/eventsubscriptions/orders/validate?id=x&t=y"
+        },
+        "eventType": "Microsoft.EventGrid.SubscriptionValidationEvent",
+        "eventTime": "2026-12-05T10:00:00Z",
+        "metadataVersion": "1",
+        "dataVersion": "2"
+    }])
+}

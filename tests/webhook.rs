@@ -1,0 +1,502 @@
+//! Event Grid's webhook door (`order-guard webhook`), the real binary on a
+//! real Redis and a real SQLite file, tokens from a local issuer: the two
+//! handshakes, deliveries in both schemas executed once, the answers by
+//! Event Grid's rules, who may deliver, probes, and the drain on SIGTERM.
+
+mod common;
+
+use std::time::Duration;
+
+use common::webhook::*;
+use common::{cloud_event, eg_event, free_port, order_data, signal, unique_id, RedisServer};
+use serde_json::{json, Value};
+
+/// A webhook process and what it runs on.
+struct Webhook {
+    child: tokio::process::Child,
+    base: String,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Webhook {
+    /// `order-guard webhook` with `extra` settings, on `redis` and a new
+    /// SQLite file; returns once `/healthz` answers.
+    async fn start(redis: &RedisServer, extra: &[(String, String)]) -> Webhook {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let log = dir.path().join("webhook.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let mut cmd = tokio::process::Command::new(common::handler_binary());
+        cmd.arg("webhook")
+            .env_clear()
+            .env("RUST_LOG", "info")
+            .env("WEBHOOK_PORT", port.to_string())
+            .env("REDIS_URL", redis.url())
+            .env(
+                "SQL_CONNECTION_STRING",
+                format!("sqlite:{}?mode=rwc", dir.path().join("orders.db").display()),
+            )
+            .envs(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .current_dir(dir.path())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("start order-guard webhook");
+        let base = format!("http://127.0.0.1:{port}");
+        let started = std::time::Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "order-guard webhook exited ({status}): {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            let probe = tokio::time::timeout(
+                Duration::from_secs(2),
+                hyper::Client::new().get(format!("{base}/healthz").parse().unwrap()),
+            )
+            .await;
+            if let Ok(Ok(r)) = probe {
+                if r.status() == 200 {
+                    break;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the webhook did not answer /healthz: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Webhook {
+            child,
+            base,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn order(tag: &str) -> Value {
+    order_data(&unique_id(tag), "buy", "MSFT", "10", "acct-1")
+}
+
+#[tokio::test]
+async fn the_validation_handshake_is_answered_with_its_code_and_the_options_one_allows_the_origin()
+{
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    let hook = Webhook::start(&redis, &issuer.settings()).await;
+    let url = format!("{}/events", hook.base);
+    let body = serde_json::to_vec(&validation_event("512d38b6-c7b8")).unwrap();
+    let handshake = |token: Option<String>| {
+        let mut headers = vec![
+            ("Content-Type", "application/json".to_string()),
+            ("aeg-event-type", "SubscriptionValidation".to_string()),
+        ];
+        if let Some(t) = token {
+            headers.push(("Authorization", format!("Bearer {t}")));
+        }
+        let (url, body) = (url.clone(), body.clone());
+        async move { webhook_request("POST", &url, &headers, body).await }
+    };
+    let answer = handshake(Some(issuer.token())).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.body,
+        json!({ "validationResponse": "512d38b6-c7b8" })
+    );
+    let unsigned = handshake(None).await;
+    assert_eq!(unsigned.status, 401, "the handshake is authenticated too");
+
+    let options = webhook_request(
+        "OPTIONS",
+        &url,
+        &[("WebHook-Request-Origin", "eventgrid.azure.net".to_string())],
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(options.status, 200);
+    let header = |k: &str| {
+        options
+            .headers
+            .get(k)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    assert_eq!(
+        header("webhook-allowed-origin").as_deref(),
+        Some("eventgrid.azure.net")
+    );
+    assert_eq!(header("webhook-allowed-rate").as_deref(), Some("*"));
+    assert!(header("allow").unwrap().contains("POST"));
+    let no_origin = webhook_request("OPTIONS", &url, &[], Vec::new()).await;
+    assert_eq!(no_origin.status, 400);
+}
+
+#[tokio::test]
+async fn an_order_delivered_twice_executes_once_in_either_schema_and_in_batches() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    let hook = Webhook::start(&redis, &issuer.settings()).await;
+    let token = issuer.token();
+
+    // Event Grid schema: an array, twice.
+    let events = json!([eg_event(order("eg"))]);
+    let first = deliver(&hook.base, Some(&token), &events).await;
+    assert_eq!(
+        (first.status, outcomes(&first)),
+        (200, vec!["executed".to_string()])
+    );
+    let again = deliver(&hook.base, Some(&token), &events).await;
+    assert_eq!(
+        (again.status, outcomes(&again)),
+        (200, vec!["duplicate".to_string()])
+    );
+
+    // One CloudEvent, and a CloudEvents batch holding it again with another.
+    let one = cloud_event(order("ce"));
+    let single = webhook_request(
+        "POST",
+        &format!("{}/events", hook.base),
+        &[
+            (
+                "Content-Type",
+                "application/cloudevents+json; charset=utf-8".to_string(),
+            ),
+            ("Authorization", format!("Bearer {token}")),
+        ],
+        serde_json::to_vec(&one).unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (single.status, outcomes(&single)),
+        (200, vec!["executed".to_string()])
+    );
+    let batch = webhook_request(
+        "POST",
+        &format!("{}/events", hook.base),
+        &[
+            (
+                "Content-Type",
+                "application/cloudevents-batch+json; charset=utf-8".to_string(),
+            ),
+            ("Authorization", format!("Bearer {token}")),
+        ],
+        serde_json::to_vec(&json!([one, cloud_event(order("ce2"))])).unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (batch.status, outcomes(&batch)),
+        (200, vec!["duplicate".to_string(), "executed".to_string()])
+    );
+}
+
+#[tokio::test]
+async fn a_delivery_that_can_never_be_read_is_400_and_one_too_large_413() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    let mut settings = issuer.settings();
+    settings.push(("MAX_BODY_BYTES".into(), "4096".into()));
+    let hook = Webhook::start(&redis, &settings).await;
+    let token = issuer.token();
+    let url = format!("{}/events", hook.base);
+    let auth = vec![("Authorization", format!("Bearer {token}"))];
+    for body in [&b"{not json"[..], b"[]", b"42"] {
+        let answer = webhook_request("POST", &url, &auth, body.to_vec()).await;
+        assert_eq!(answer.status, 400, "{body:?}: {}", answer.body);
+    }
+    let large = json!([eg_event(json!({"orderId": "x", "pad": "p".repeat(5000)}))]);
+    let answer = deliver(&hook.base, Some(&token), &large).await;
+    assert_eq!(answer.status, 413, "{}", answer.body);
+    assert!(answer.body["error"]
+        .as_str()
+        .unwrap()
+        .contains("MAX_BODY_BYTES"));
+    // An event that is not an order is the event's fault alone: stored as
+    // rejected, and the delivery done.
+    let poison_event = deliver(
+        &hook.base,
+        Some(&token),
+        &json!([eg_event(json!({"orderId": "p-1"}))]),
+    )
+    .await;
+    assert_eq!(
+        (poison_event.status, outcomes(&poison_event)),
+        (200, vec!["rejected".to_string()])
+    );
+}
+
+#[tokio::test]
+async fn only_event_grids_valid_token_for_this_app_may_deliver() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    let hook = Webhook::start(&redis, &issuer.settings()).await;
+    let events = || json!([eg_event(order("auth"))]);
+    let with = |claims: Value| issuer.key.sign(&claims);
+    let change = |k: &str, v: Value| {
+        let mut c = event_grid_claims();
+        c[k] = v;
+        c
+    };
+    let without = |k: &str| {
+        let mut c = event_grid_claims();
+        c.as_object_mut().unwrap().remove(k);
+        c
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let stranger = issuer.new_key("key-1");
+    let cases: Vec<(&str, Option<String>, u16)> = vec![
+        ("no token", None, 401),
+        ("not a JWT", Some("not-a-token".into()), 401),
+        (
+            "signed by another key under the same kid",
+            Some(stranger.sign(&event_grid_claims())),
+            401,
+        ),
+        (
+            "for another audience",
+            Some(with(change("aud", json!("api://another-app")))),
+            401,
+        ),
+        (
+            "from another tenant",
+            Some(with(change(
+                "iss",
+                json!("https://sts.windows.net/99999999-2222-3333-4444-555555555555/"),
+            ))),
+            401,
+        ),
+        ("expired", Some(with(change("exp", json!(now - 600)))), 401),
+        (
+            "not yet valid",
+            Some(with(change("nbf", json!(now + 600)))),
+            401,
+        ),
+        (
+            "without the role",
+            Some(with(change("roles", json!(["Reader"])))),
+            403,
+        ),
+        ("without roles", Some(with(without("roles"))), 403),
+        (
+            "issued to another app",
+            Some(with(change(
+                "appid",
+                json!("00000000-0000-0000-0000-000000000001"),
+            ))),
+            403,
+        ),
+    ];
+    for (what, token, status) in cases {
+        let answer = deliver(&hook.base, token.as_deref(), &events()).await;
+        assert_eq!(answer.status, status, "{what}: {}", answer.body);
+    }
+    // A v2 token names its caller in `azp` and its issuer so.
+    let mut v2 = without("appid");
+    v2["azp"] = json!(EVENT_GRID_APP_ID);
+    v2["iss"] = json!(format!("https://login.microsoftonline.com/{TENANT}/v2.0"));
+    let answer = deliver(&hook.base, Some(&with(v2)), &events()).await;
+    assert_eq!(
+        (answer.status, outcomes(&answer)),
+        (200, vec!["executed".to_string()])
+    );
+    // Nothing refused was executed: the refused order is still new.
+    let refused_then_good = events();
+    let _ = deliver(&hook.base, None, &refused_then_good).await;
+    let good = deliver(&hook.base, Some(&issuer.token()), &refused_then_good).await;
+    assert_eq!(outcomes(&good), vec!["executed".to_string()]);
+}
+
+#[tokio::test]
+async fn rolled_keys_are_fetched_again_and_keys_that_cannot_be_had_are_503() {
+    let redis = RedisServer::start();
+    let mut issuer = Issuer::start().await;
+    let hook = Webhook::start(&redis, &issuer.settings()).await;
+    let ok = deliver(
+        &hook.base,
+        Some(&issuer.token()),
+        &json!([eg_event(order("k"))]),
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let again = deliver(
+        &hook.base,
+        Some(&issuer.token()),
+        &json!([eg_event(order("k1"))]),
+    )
+    .await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(issuer.fetches(), 1, "the keys are fetched once and kept");
+    // Entra ID rolls its keys. A token signed by the new key, so soon after
+    // the fetch, is answered 503 (Event Grid delivers again later, when the
+    // keys may be fetched again), never 401, which Event Grid never retries;
+    // and it costs no fetch (a flood of made-up key ids costs none either).
+    let rolled = issuer.new_key("key-2");
+    issuer.publish(&[&issuer.key, &rolled]);
+    let later = json!([eg_event(order("k2"))]);
+    let answer = deliver(&hook.base, Some(&rolled.sign(&event_grid_claims())), &later).await;
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert_eq!(issuer.fetches(), 1);
+    // A process that starts after the roll fetches the keys at its first
+    // token and takes the new key.
+    drop(hook);
+    let hook = Webhook::start(&redis, &issuer.settings()).await;
+    let answer = deliver(&hook.base, Some(&rolled.sign(&event_grid_claims())), &later).await;
+    assert_eq!(
+        (answer.status, outcomes(&answer)),
+        (200, vec!["executed".to_string()])
+    );
+    assert_eq!(issuer.fetches(), 2);
+    drop(hook);
+
+    // A webhook whose keys cannot be fetched answers 503 (Event Grid
+    // retries), never 401 or 403 (which it never retries).
+    issuer.stop();
+    let hook = Webhook::start(&redis, &issuer.settings()).await;
+    let answer = deliver(
+        &hook.base,
+        Some(&issuer.token()),
+        &json!([eg_event(order("down"))]),
+    )
+    .await;
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert!(
+        answer.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("signing keys"),
+        "{}",
+        answer.body
+    );
+}
+
+#[tokio::test]
+async fn readiness_follows_the_guard_and_the_store() {
+    let mut redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    let hook = Webhook::start(&redis, &issuer.settings()).await;
+    let ready = |base: String| async move {
+        webhook_request("GET", &format!("{base}/readyz"), &[], Vec::new()).await
+    };
+    let answer = ready(hook.base.clone()).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    redis.stop();
+    let answer = ready(hook.base.clone()).await;
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert!(
+        answer.body["reason"].as_str().unwrap().contains("guard"),
+        "{}",
+        answer.body
+    );
+    let alive = webhook_request("GET", &format!("{}/healthz", hook.base), &[], Vec::new()).await;
+    assert_eq!(alive.status, 200, "alive whatever its dependencies say");
+}
+
+#[tokio::test]
+async fn sigterm_finishes_the_deliveries_in_flight_and_refuses_new_ones_with_503() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    let mut hook = Webhook::start(&redis, &issuer.settings()).await;
+    let port: u16 = hook.base.rsplit(':').next().unwrap().parse().unwrap();
+    let token = issuer.token();
+    let events = json!([eg_event(order("drain"))]);
+    let body = serde_json::to_vec(&events).unwrap();
+
+    // A delivery in flight: its headers sent, its body held back.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut held = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\naeg-event-type: Notification\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    held.write_all(head.as_bytes()).await.unwrap();
+    held.write_all(&body[..10]).await.unwrap();
+    // The webhook counts it once it reads the body.
+    let started = std::time::Instant::now();
+    loop {
+        let alive =
+            webhook_request("GET", &format!("{}/healthz", hook.base), &[], Vec::new()).await;
+        if alive.body["inFlight"] == json!(1) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never in flight: {}",
+            alive.body
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    signal(hook.child.id().unwrap(), "TERM");
+    // Once the drain has begun, a new delivery is refused with 503.
+    let started = std::time::Instant::now();
+    loop {
+        let alive =
+            webhook_request("GET", &format!("{}/healthz", hook.base), &[], Vec::new()).await;
+        if alive.body["draining"] == json!(true) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no drain: {}",
+            alive.body
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ready = webhook_request("GET", &format!("{}/readyz", hook.base), &[], Vec::new()).await;
+    assert_eq!(ready.status, 503, "not ready while draining");
+    let refused = deliver(&hook.base, Some(&token), &json!([eg_event(order("late"))])).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    // The delivery in flight is finished and answered.
+    held.write_all(&body[10..]).await.unwrap();
+    let mut answer = Vec::new();
+    held.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"executed\""), "{answer}");
+    let status = tokio::time::timeout(Duration::from_secs(30), hook.child.wait())
+        .await
+        .expect("the webhook exits once drained")
+        .unwrap();
+    assert!(status.success(), "{status}: {}", hook.log());
+    assert!(
+        hook.log().contains("all deliveries drained"),
+        "{}",
+        hook.log()
+    );
+}
+
+#[test]
+fn authentication_off_is_refused_where_the_embedded_state_would_be() {
+    let dir = tempfile::tempdir().unwrap();
+    let (status, out) = common::run_command(
+        dir.path(),
+        &["webhook"],
+        &[
+            ("WEBHOOK_AUTH", "off"),
+            ("ORDER_GUARD_IMAGE", "0.2.0"),
+            ("REDIS_URL", "redis://127.0.0.1:1"),
+            (
+                "SQL_CONNECTION_STRING",
+                "Server=tcp:127.0.0.1,1;User ID=u;Password=p",
+            ),
+        ],
+    );
+    assert!(!status.success());
+    assert!(
+        out.contains("WEBHOOK_AUTH") && out.contains("this project's image"),
+        "{out}"
+    );
+    let (status, out) = common::run_command(dir.path(), &["webhook"], &[]);
+    assert!(!status.success());
+    assert!(out.contains("WEBHOOK_TENANT_ID"), "{out}");
+}
