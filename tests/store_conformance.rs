@@ -11,7 +11,7 @@ use std::time::Duration;
 use order_guard::order::{Order, OrderStatus};
 use order_guard::position::Position;
 use order_guard::store::{
-    message_id, Announcement, Claim, Deferral, Execution, Listing, OrderStore, Rejection,
+    message_id, Announcement, Claim, Deferral, Execution, Expired, Listing, OrderStore, Rejection,
     RejectionKind, Resend, ORDER_EXECUTED,
 };
 use rust_decimal::Decimal;
@@ -311,7 +311,7 @@ mod suite {
     }
 
     /// The announcement of one order, dispatched or not (at most one).
-    async fn announcement_of(store: &dyn OrderStore, order_id: &str) -> Option<Announcement> {
+    pub async fn announcement_of(store: &dyn OrderStore, order_id: &str) -> Option<Announcement> {
         let rows = store
             .announcements(&Listing::Order(order_id.to_string()), 10)
             .await
@@ -492,7 +492,10 @@ mod suite {
         // The retention: nothing dispatched a day ago here; everything
         // dispatched before now goes, and nothing undispatched ever.
         let day = Duration::from_secs(86_400);
-        store.purge_announced(day, 10_000).await.unwrap();
+        store
+            .purge_announced(day, 10_000, Expired::Sent)
+            .await
+            .unwrap();
         assert!(announcement_of(store.as_ref(), &orders[0].order_id)
             .await
             .is_some());
@@ -502,7 +505,10 @@ mod suite {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let mut purged = 0;
         loop {
-            let n = store.purge_announced(Duration::ZERO, 2).await.unwrap();
+            let n = store
+                .purge_announced(Duration::ZERO, 2, Expired::Sent)
+                .await
+                .unwrap();
             assert!(n <= 2, "a purge deletes at most its limit");
             purged += n;
             if n == 0 {
@@ -544,7 +550,12 @@ mod suite {
         let highest = sent.iter().map(|r| r.seq).max().unwrap();
         // DispatchedAt is stored to the millisecond: be past it.
         tokio::time::sleep(Duration::from_millis(5)).await;
-        while store.purge_announced(Duration::ZERO, 500).await.unwrap() > 0 {}
+        while store
+            .purge_announced(Duration::ZERO, 500, Expired::Sent)
+            .await
+            .unwrap()
+            > 0
+        {}
         for row in &sent[..2] {
             assert_eq!(
                 announcement_of(store.as_ref(), &row.order_id).await,
@@ -653,6 +664,53 @@ impl Backend {
         }
     }
 
+    /// For a check whose rows no other check may claim, mark or purge
+    /// (their claims take every due row of a shared database): the store
+    /// on a database of its own. `None` for SQLite, whose file already is.
+    async fn apart(&self) -> Option<(Arc<dyn OrderStore>, Backend)> {
+        match self {
+            Backend::Sqlite(_) => None,
+            Backend::SqlServer(cs) => {
+                let cs = common::mssql_fresh_database(cs).await;
+                let store = common::mssql_store(&cs, Duration::from_secs(20)).await;
+                Some((store as Arc<dyn OrderStore>, Backend::SqlServer(cs)))
+            }
+        }
+    }
+
+    /// Make the announcement of `order_id` due since `days` days ago, as if
+    /// it had waited that long unsent.
+    async fn backdate_due(&self, order_id: &str, days: i32) {
+        match self {
+            Backend::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("orders.db")).unwrap();
+                conn.busy_timeout(std::time::Duration::from_secs(5))
+                    .unwrap();
+                let changed = conn
+                    .execute(
+                        "UPDATE Outbox SET NextAttemptAt =
+                             strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?2)
+                          WHERE OrderId = ?1",
+                        rusqlite::params![order_id, format!("-{days} days")],
+                    )
+                    .unwrap();
+                assert_eq!(changed, 1);
+            }
+            Backend::SqlServer(cs) => {
+                let mut client = common::mssql_raw_client(cs).await;
+                let done = client
+                    .execute(
+                        "UPDATE dbo.Outbox SET NextAttemptAt = DATEADD(DAY, -@P2, SYSUTCDATETIME()) \
+                         WHERE OrderId = @P1",
+                        &[&order_id, &days],
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(done.total(), 1);
+            }
+        }
+    }
+
     /// Insert `o`'s row `Received` with `fingerprint`, as an earlier version
     /// did before executing it (its accept step, which a crash could leave
     /// alone; version 1 fingerprints were 64 hex digits without a prefix).
@@ -713,6 +771,94 @@ impl Backend {
 /// The checks that seed state through [`Backend`].
 mod seeded {
     use super::*;
+
+    /// The retention keeps the table bounded with no destination too: a
+    /// row due for longer than the retention and never sent is deleted
+    /// where nothing would send it ([`Expired::SentAndUnsent`]), never
+    /// where a destination waits for it ([`Expired::Sent`]); rows due
+    /// within the retention stay, and the sequence still only grows.
+    pub async fn unsent_rows_past_the_retention_go_only_where_nothing_sends_them(
+        store: Arc<dyn OrderStore>,
+        backend: &Backend,
+    ) {
+        let apart = backend.apart().await;
+        let (store, backend) = match &apart {
+            Some((store, backend)) => (Arc::clone(store), backend),
+            None => (store, backend),
+        };
+        let account = unique_id("acct");
+        let day = Duration::from_secs(86_400);
+        let orders: Vec<Order> = (0..3)
+            .map(|_| order(&unique_id("ord"), &account, "buy", "1"))
+            .collect();
+        for o in &orders {
+            store.execute(o, "e", "{}").await.unwrap();
+        }
+        let mut seqs = Vec::new();
+        for o in &orders {
+            let row = suite::announcement_of(store.as_ref(), &o.order_id).await;
+            seqs.push(row.unwrap().seq);
+        }
+        // The first two waited three days unsent; the last is new.
+        for o in &orders[..2] {
+            backend.backdate_due(&o.order_id, 3).await;
+        }
+        let kept = || async {
+            let mut kept = Vec::new();
+            for o in &orders {
+                let row = suite::announcement_of(store.as_ref(), &o.order_id).await;
+                kept.push(row.is_some());
+            }
+            kept
+        };
+        // A destination waits for its rows however long.
+        while store
+            .purge_announced(day, 500, Expired::Sent)
+            .await
+            .unwrap()
+            > 0
+        {}
+        assert_eq!(kept().await, [true, true, true]);
+        // With none, the rows due past the retention go, a call's limit
+        // at a time; the new one stays.
+        let mut calls = 0;
+        loop {
+            let n = store
+                .purge_announced(day, 1, Expired::SentAndUnsent)
+                .await
+                .unwrap();
+            assert!(n <= 1, "a purge deletes at most its limit");
+            if n == 0 {
+                break;
+            }
+            calls += 1;
+        }
+        assert!(calls >= 2, "{calls}");
+        assert_eq!(kept().await, [false, false, true]);
+        let waiting: Vec<String> = store
+            .announcements(&Listing::Undispatched, 10_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.account_id == account)
+            .map(|a| a.order_id)
+            .collect();
+        assert_eq!(
+            waiting,
+            [orders[2].order_id.clone()],
+            "what a destination set now sends"
+        );
+        let next = order(&unique_id("ord"), &account, "buy", "1");
+        store.execute(&next, "e", "{}").await.unwrap();
+        let row = suite::announcement_of(store.as_ref(), &next.order_id)
+            .await
+            .unwrap();
+        assert!(
+            row.seq > *seqs.iter().max().unwrap(),
+            "{} after {seqs:?}",
+            row.seq
+        );
+    }
 
     /// An order that would take a position beyond DECIMAL(38,10) is
     /// rejected and stored with its reason, in the transaction that moves it
@@ -890,7 +1036,8 @@ macro_rules! conformance {
             conformance!(@seeded $make;
                 an_overflowing_order_is_rejected_and_stored,
                 a_row_an_earlier_version_left_received_is_resumed,
-                a_row_of_an_older_fingerprint_version_is_judged_by_its_columns);
+                a_row_of_an_older_fingerprint_version_is_judged_by_its_columns,
+                unsent_rows_past_the_retention_go_only_where_nothing_sends_them);
         }
     };
     (@tests $make:expr; $($check:ident),*) => {

@@ -1,6 +1,7 @@
 //! The outbox's commands and its dispatcher's start: `serve` runs one
 //! dispatcher when a destination is set (`OUTBOX_STORAGE` or
-//! `OUTBOX_TOPIC_ENDPOINT`); `outbox list`, `retry`, `resend` and
+//! `OUTBOX_TOPIC_ENDPOINT`), and the retention alone when none is;
+//! `outbox list`, `retry`, `resend` and
 //! `dispatch` are the operator's. The two that send or send again act
 //! only when told `--yes`: without it they say what they would do (the
 //! destination, the event naming, the count) and do nothing, since a
@@ -10,7 +11,8 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::outbox::{Destination, DestinationSettings, Dispatcher};
+use crate::outbox::retention::expired;
+use crate::outbox::{Destination, DestinationSettings, Dispatcher, Retention};
 use crate::store::{Listing, OrderStore, Resend};
 
 /// The dispatcher `serve` runs beside the handler, started (its first
@@ -21,10 +23,15 @@ pub fn start_dispatcher(
     store: &Arc<dyn OrderStore>,
 ) -> anyhow::Result<Option<Arc<Dispatcher>>> {
     let Some(settings) = &config.outbox.destination else {
+        let retention = config.outbox.dispatch.retention_settings();
         log::info!(
-            "outbox: neither OUTBOX_STORAGE nor OUTBOX_TOPIC_ENDPOINT is set: executions are announced in the {} store's Outbox table and not sent anywhere",
-            store.name()
+            "outbox: neither OUTBOX_STORAGE nor OUTBOX_TOPIC_ENDPOINT is set: executions are announced in the {} store's Outbox table and not sent anywhere; those waiting more than OUTBOX_RETENTION_HOURS ({} h) are deleted, so a destination set later sends at most that many hours of them",
+            store.name(),
+            retention.keep.as_secs() / 3600
         );
+        // The table stays bounded without a dispatcher too: the retention
+        // runs for the life of the process.
+        Arc::new(Retention::new(Arc::clone(store), retention, expired(false))).spawn();
         return Ok(None);
     };
     let destination = Destination::new(settings).map_err(|e| anyhow::anyhow!("outbox: {e}"))?;

@@ -214,6 +214,20 @@ pub struct Deferral {
     pub park: bool,
 }
 
+/// Which rows past the retention a purge deletes (`OrderStore::purge_announced`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    /// Rows dispatched more than the retention ago; a row not sent waits
+    /// for its destination however long (a destination down for a month
+    /// keeps a month of rows).
+    Sent,
+    /// Those, and rows due for more than the retention and never sent
+    /// (neither parked nor leased): with no destination nothing sends
+    /// them, and a destination set later sends what fell due within the
+    /// retention, not the whole history.
+    SentAndUnsent,
+}
+
 /// Which rows `announcements` lists.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Listing {

@@ -38,8 +38,8 @@ use crate::order::{
 use crate::position::{Overflow, Position};
 
 pub use self::announcement::{
-    message_id, sendable, Announcement, Birth, Claim, Deferral, Handoff, Listing, OutboxCounts,
-    Resend, ORDER_EXECUTED,
+    message_id, sendable, Announcement, Birth, Claim, Deferral, Expired, Handoff, Listing,
+    OutboxCounts, Resend, ORDER_EXECUTED,
 };
 pub use self::sqlite::{
     Pressure, SqliteStore, MAX_GROUP as SQLITE_MAX_GROUP, MAX_QUEUED as SQLITE_MAX_QUEUED,
@@ -370,9 +370,16 @@ pub trait OrderStore: Send + Sync {
     ) -> Result<(), StoreError>;
 
     /// Delete up to `limit` announcements dispatched more than `retention`
-    /// ago, oldest first, in one short transaction; answers how many. One
-    /// instance at a time (another's call meanwhile deletes nothing).
-    async fn purge_announced(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
+    /// ago, oldest first, and with [`Expired::SentAndUnsent`] those due
+    /// for more than `retention` and never sent, in one short transaction;
+    /// answers how many. One instance at a time (another's call meanwhile
+    /// deletes nothing).
+    async fn purge_announced(
+        &self,
+        retention: Duration,
+        limit: u32,
+        expired: Expired,
+    ) -> Result<u64, StoreError>;
 
     /// Announcements, for `outbox list`, `status` and audits (at most `limit`).
     async fn announcements(

@@ -616,8 +616,13 @@ impl OrderStore for SqliteStore {
             .await
     }
 
-    async fn purge_announced(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
-        self.with_relaxed(move |conn| outbox::purge(conn, retention, limit))
+    async fn purge_announced(
+        &self,
+        retention: Duration,
+        limit: u32,
+        expired: super::Expired,
+    ) -> Result<u64, StoreError> {
+        self.with_relaxed(move |conn| outbox::purge(conn, retention, limit, expired))
             .await
     }
 

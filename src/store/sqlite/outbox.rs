@@ -12,7 +12,7 @@ use super::{decimal, position, NOW};
 use crate::order::Order;
 use crate::position::Position;
 use crate::store::{
-    message_id, Announcement, Deferral, Listing, OutboxCounts, Resend, ORDER_EXECUTED,
+    message_id, Announcement, Deferral, Expired, Listing, OutboxCounts, Resend, ORDER_EXECUTED,
 };
 
 /// `strftime` of now plus a signed SQLite modifier (`?n` = `+1.500 seconds`).
@@ -232,18 +232,22 @@ pub(super) fn defer(
 }
 
 /// The retention's delete: up to `limit` rows dispatched more than
-/// `retention` ago, oldest first, but never the row of the highest `Seq`.
-/// `Seq` is SQLite's rowid (`INTEGER PRIMARY KEY`): a new row takes one
-/// past the highest kept, so the top row kept for good is what makes a
-/// new announcement's `sequence` greater than every one sent before,
-/// whatever the purge deleted (`AUTOINCREMENT` would do it with a write to
-/// `sqlite_sequence` in every execution's commit; this costs one row).
+/// `retention` ago, oldest first, and with [`Expired::SentAndUnsent`] (no
+/// destination) up to the rest of `limit` due for more than `retention`
+/// and never sent (not parked, not leased: on the due rows' index), but
+/// never the row of the highest `Seq`. `Seq` is SQLite's rowid (`INTEGER
+/// PRIMARY KEY`): a new row takes one past the highest kept, so the top
+/// row kept for good is what makes a new announcement's `sequence` greater
+/// than every one sent before, whatever the purge deleted
+/// (`AUTOINCREMENT` would do it with a write to `sqlite_sequence` in every
+/// execution's commit; this costs one row).
 pub(super) fn purge(
     conn: &Connection,
     retention: Duration,
     limit: u32,
+    expired: Expired,
 ) -> Result<u64, rusqlite::Error> {
-    let deleted = conn
+    let mut deleted = conn
         .prepare_cached(&format!(
             "DELETE FROM Outbox
               WHERE Seq IN (SELECT Seq FROM Outbox
@@ -253,6 +257,20 @@ pub(super) fn purge(
             now_plus(1)
         ))?
         .execute(params![modifier(retention, '-'), limit])?;
+    let left = (limit as usize).saturating_sub(deleted);
+    if expired == Expired::SentAndUnsent && left > 0 {
+        deleted += conn
+            .prepare_cached(&format!(
+                "DELETE FROM Outbox
+                  WHERE Seq IN (SELECT Seq FROM Outbox
+                                 WHERE DispatchedAt IS NULL AND NextAttemptAt < {}
+                                   AND Parked = 0 AND LeaseUntil <= {NOW}
+                                   AND Seq < (SELECT MAX(Seq) FROM Outbox)
+                                 ORDER BY NextAttemptAt, Seq LIMIT ?2)",
+                now_plus(1)
+            ))?
+            .execute(params![modifier(retention, '-'), left])?;
+    }
     Ok(deleted as u64)
 }
 
@@ -331,7 +349,90 @@ pub(super) fn resend(conn: &Connection, which: &Resend) -> Result<u64, rusqlite:
 
 #[cfg(test)]
 mod tests {
-    use super::runs;
+    use super::*;
+
+    /// A migrated database in memory holding one row per `(order, due)`:
+    /// undispatched, due since `due` (a SQLite date modifier), in order.
+    fn outbox_of(rows: &[(&str, &str)]) -> Connection {
+        let mut conn = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut conn).unwrap();
+        for (order, due) in rows {
+            conn.execute(
+                &format!(
+                    "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol,
+                         Quantity, PositionAfter, Fingerprint, ExecutedAt, CreatedAt,
+                         NextAttemptAt, LeaseUntil)
+                     VALUES (?1, 'OrderExecuted', ?2, 'a', 'buy', 's', '1', '1', 'f', {NOW},
+                             {NOW}, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3), {NOW})"
+                ),
+                params![message_id(order), order, due],
+            )
+            .unwrap();
+        }
+        conn
+    }
+
+    fn orders(conn: &Connection) -> Vec<String> {
+        let mut select = conn
+            .prepare("SELECT OrderId FROM Outbox ORDER BY Seq")
+            .unwrap();
+        let orders = select
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        orders
+    }
+
+    /// With no destination, the rows due past the retention and never
+    /// sent go, oldest due first, up to the limit; parked and leased ones
+    /// stay; and never the row of the highest `Seq`, the sequence's mark,
+    /// even when it too is past the retention.
+    #[test]
+    fn the_unsent_purge_keeps_parked_leased_and_the_sequences_mark() {
+        let day = Duration::from_secs(86_400);
+        let conn = outbox_of(&[
+            ("old", "-3 days"),
+            ("older", "-4 days"),
+            ("parked", "-3 days"),
+            ("leased", "-3 days"),
+            ("recent", "-1 hours"),
+            ("last", "-2 days"),
+        ]);
+        conn.execute_batch(
+            "UPDATE Outbox SET Parked = 1 WHERE OrderId = 'parked';
+             UPDATE Outbox SET LeaseUntil = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+1 minutes')
+              WHERE OrderId = 'leased';",
+        )
+        .unwrap();
+        assert_eq!(purge(&conn, day, 500, Expired::Sent).unwrap(), 0);
+        assert_eq!(purge(&conn, day, 1, Expired::SentAndUnsent).unwrap(), 1);
+        assert_eq!(
+            orders(&conn),
+            ["old", "parked", "leased", "recent", "last"],
+            "the oldest due first, one call's limit"
+        );
+        assert_eq!(purge(&conn, day, 500, Expired::SentAndUnsent).unwrap(), 1);
+        assert_eq!(
+            orders(&conn),
+            ["parked", "leased", "recent", "last"],
+            "the last row kept though past the retention: the sequence's mark"
+        );
+        let top: i64 = conn
+            .query_row("SELECT MAX(Seq) FROM Outbox", [], |r| r.get(0))
+            .unwrap();
+        conn.execute(
+            &format!(
+                "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
+                     PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt, LeaseUntil)
+                 VALUES ('m', 'OrderExecuted', 'next', 'a', 'buy', 's', '1', '1', 'f', {NOW},
+                         {NOW}, {NOW}, {NOW})"
+            ),
+            [],
+        )
+        .unwrap();
+        assert_eq!(conn.last_insert_rowid(), top + 1);
+    }
 
     #[test]
     fn runs_are_the_consecutive_stretches_of_a_rounds_rows() {

@@ -739,10 +739,15 @@ impl OrderStore for SqlServerStore {
         )
     }
 
-    async fn purge_announced(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
+    async fn purge_announced(
+        &self,
+        retention: Duration,
+        limit: u32,
+        expired: super::Expired,
+    ) -> Result<u64, StoreError> {
         self.schema_gate("purge announcements")?;
         with_client!(self, "purge announcements", self.query_timeout, |client| {
-            outbox::purge(client, retention, limit)
+            outbox::purge(client, retention, limit, expired)
         })
     }
 

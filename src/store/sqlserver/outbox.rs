@@ -10,7 +10,7 @@ use tiberius::Row;
 use super::pool::Client;
 use super::{conversion, decimal, int, opt_text, sql, text, utc};
 use crate::position::Position;
-use crate::store::{Announcement, Deferral, Listing, OutboxCounts, Resend};
+use crate::store::{Announcement, Deferral, Expired, Listing, OutboxCounts, Resend};
 
 fn millis(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
@@ -116,11 +116,13 @@ pub(super) async fn purge(
     client: &mut Client,
     retention: Duration,
     limit: u32,
+    expired: Expired,
 ) -> Result<u64, tiberius::error::Error> {
     let seconds = i32::try_from(retention.as_secs()).unwrap_or(i32::MAX);
     let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+    let unsent = i32::from(expired == Expired::SentAndUnsent);
     let result = client
-        .query(sql::PURGE_ANNOUNCED, &[&seconds, &limit])
+        .query(sql::PURGE_ANNOUNCED, &[&seconds, &limit, &unsent])
         .await?
         .into_results()
         .await?;

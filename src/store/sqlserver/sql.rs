@@ -612,7 +612,9 @@ pub const DEFER_ANNOUNCEMENT: &str = "UPDATE dbo.Outbox SET Attempts = Attempts 
      WHERE MessageId = @P1 AND ClaimToken = @P2 AND DispatchedAt IS NULL";
 
 /// The retention: up to P2 announcements dispatched more than P1 seconds
-/// ago deleted, oldest first, in one short transaction; one instance at a
+/// ago deleted, oldest first, and with P3 = 1 (no destination) up to the
+/// rest of P2 due for more than P1 seconds and never sent (not parked, not
+/// leased; on `IX_Outbox_Due`), in one short transaction; one instance at a
 /// time (a transaction-owned application lock, not waited for: another
 /// instance purging meanwhile makes this call delete nothing). Answers how
 /// many it deleted.
@@ -628,6 +630,17 @@ BEGIN
            WHERE DispatchedAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
            ORDER BY DispatchedAt, Seq) AS b ON b.Seq = o.Seq;
     SET @Deleted = @@ROWCOUNT;
+    IF @P3 = 1 AND @Deleted < @P2
+    BEGIN
+        DELETE o FROM dbo.Outbox AS o
+        JOIN (SELECT TOP (@P2 - @Deleted) Seq FROM dbo.Outbox
+               WHERE DispatchedAt IS NULL AND Parked = 0
+                 AND NextAttemptAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
+                 AND LeaseUntil <= SYSUTCDATETIME()
+               ORDER BY NextAttemptAt, Seq) AS b ON b.Seq = o.Seq
+         WHERE o.DispatchedAt IS NULL AND o.LeaseUntil <= SYSUTCDATETIME();
+        SET @Deleted = @Deleted + @@ROWCOUNT;
+    END;
 END;
 COMMIT TRANSACTION;
 SELECT @Deleted AS Deleted, @@TRANCOUNT AS OpenTransactions;";
