@@ -185,3 +185,85 @@ async fn with_no_destination_serve_keeps_the_outbox_to_the_retention() {
         recent.iter().map(|o| message_id(&o.order_id)).collect()
     );
 }
+
+/// `outbox backfill --since`: says how many executed orders have no
+/// announcement and where they would go, and writes nothing, unless
+/// `--yes`; then writes each once (a second run writes none), and the
+/// destination gets them with their own ids, the position after each and
+/// sequences above the announcements before them. A window longer than the
+/// retention is refused, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_announces_executions_without_one_once_and_only_when_told_yes() {
+    let azurite = Azurite::start_queue();
+    azurite.create_queue("backfilled").await;
+    let (store, dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let account = unique_id("acct");
+    let orders: Vec<Order> = (0..3).map(|_| order(&unique_id("ord"), &account)).collect();
+    execute_all(&store, &orders).await;
+    // The first and the last executed by an earlier version: no row.
+    let conn = rusqlite::Connection::open(dir.path().join("orders.db")).unwrap();
+    for o in [&orders[0], &orders[2]] {
+        let n = conn
+            .execute("DELETE FROM Outbox WHERE OrderId = ?1", [&o.order_id])
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+    let backfill = |args: &[&str]| {
+        let mut all = vec!["outbox", "backfill"];
+        all.extend_from_slice(args);
+        cli(dir.path(), &azurite, "backfilled", &all)
+    };
+
+    let out = backfill(&["--since", "1h"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    for part in ["would announce 2 orders", "queue backfilled", "--yes"] {
+        assert!(text(&out).contains(part), "{part:?} not in: {}", text(&out));
+    }
+    assert_eq!(outbox_orders(dir.path()), [orders[1].order_id.clone()]);
+
+    let out = backfill(&["--since", "30days", "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("more than OUTBOX_RETENTION_HOURS (168 h)"),
+        "{}",
+        text(&out)
+    );
+
+    let out = backfill(&["--since", "1h", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("2 announcements written"),
+        "{}",
+        text(&out)
+    );
+    let out = backfill(&["--since", "1h", "--yes"]);
+    assert!(
+        text(&out).contains("0 announcements written"),
+        "{}",
+        text(&out)
+    );
+
+    let out = cli(
+        dir.path(),
+        &azurite,
+        "backfilled",
+        &["outbox", "dispatch", "--yes"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let sent = events(&azurite.drain_queue("backfilled", false).await);
+    assert_eq!(sent.len(), 3, "{sent:#?}");
+    let of = |o: &Order| {
+        sent.iter()
+            .find(|e| e["id"] == message_id(&o.order_id).as_str())
+            .unwrap_or_else(|| panic!("{} not sent: {sent:#?}", o.order_id))
+    };
+    let seq = |o: &Order| of(o)["data"]["sequence"].as_i64().unwrap();
+    for (o, after) in orders.iter().zip(["1", "2", "3"]) {
+        assert_eq!(of(o)["data"]["positionAfter"], after, "{}", o.order_id);
+    }
+    assert!(
+        seq(&orders[1]) < seq(&orders[0]) && seq(&orders[0]) < seq(&orders[2]),
+        "new sequences, above the one before, in execution order"
+    );
+}

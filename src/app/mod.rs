@@ -3,7 +3,10 @@
 
 mod outbox;
 
-pub use self::outbox::{outbox_dispatch, outbox_list, outbox_resend, outbox_retry, DispatchRun};
+pub use self::outbox::{
+    outbox_backfill, outbox_dispatch, outbox_list, outbox_resend, outbox_retry, BackfillRun,
+    DispatchRun,
+};
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;

@@ -38,8 +38,8 @@ use crate::order::{
 use crate::position::{Overflow, Position};
 
 pub use self::announcement::{
-    message_id, sendable, Announcement, Birth, Claim, Deferral, Expired, Handoff, Listing,
-    OutboxCounts, Resend, ORDER_EXECUTED,
+    message_id, positions_after, sendable, Announcement, Birth, Claim, Deferral, Expired, Handoff,
+    Listing, OutboxCounts, Resend, ORDER_EXECUTED,
 };
 pub use self::sqlite::{
     Pressure, SqliteStore, MAX_GROUP as SQLITE_MAX_GROUP, MAX_QUEUED as SQLITE_MAX_QUEUED,
@@ -399,6 +399,20 @@ pub trait OrderStore: Send + Sync {
     /// now, as they were (same id, same `Seq`), so the dispatchers send
     /// them again; answers how many.
     async fn resend_announcements(&self, which: &Resend) -> Result<u64, StoreError>;
+
+    /// `outbox backfill`: give the orders executed `within` ago or later
+    /// that have no announcement (executed by an earlier version's
+    /// instances, which wrote none) the one their execution would have
+    /// written: the same message id, its facts, the position right after
+    /// it; a new sequence, above every earlier one, in their execution
+    /// order. Born due, for the serving instances' dispatchers. With
+    /// `write` false only counts them. Answers how many; once given, an
+    /// order is never given another.
+    async fn backfill_announcements(
+        &self,
+        within: Duration,
+        write: bool,
+    ) -> Result<u64, StoreError>;
 
     /// What the store can show of its load, for telemetry's gauges (no I/O;
     /// nothing by default).

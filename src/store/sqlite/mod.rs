@@ -651,6 +651,15 @@ impl OrderStore for SqliteStore {
         self.with(move |conn| outbox::resend(conn, &which)).await
     }
 
+    async fn backfill_announcements(
+        &self,
+        within: Duration,
+        write: bool,
+    ) -> Result<u64, StoreError> {
+        self.with(move |conn| outbox::backfill(conn, within, write))
+            .await
+    }
+
     fn load(&self) -> StoreLoad {
         let p = self.pressure();
         StoreLoad {

@@ -783,6 +783,20 @@ impl OrderStore for SqlServerStore {
         })
     }
 
+    async fn backfill_announcements(
+        &self,
+        within: Duration,
+        write: bool,
+    ) -> Result<u64, StoreError> {
+        self.schema_gate("backfill announcements")?;
+        // An operator's scan of the orders and a write a row: longer than
+        // an execution's bound.
+        let bound = self.query_timeout.max(Duration::from_secs(300));
+        with_client!(self, "backfill announcements", bound, |client| {
+            outbox::backfill(client, within, write)
+        })
+    }
+
     fn load(&self) -> super::StoreLoad {
         let state = self.pool.state();
         let (logins_running, logins_waiting) = self.logins.now();

@@ -645,6 +645,43 @@ END;
 COMMIT TRANSACTION;
 SELECT @Deleted AS Deleted, @@TRANCOUNT AS OpenTransactions;";
 
+/// `outbox backfill`'s read, one statement (one snapshot where reads are
+/// versioned, as on Azure SQL): the executions since P1 seconds ago of
+/// every position that has one without an announcement, latest first per
+/// position, each with whether it has none, its place in execution order
+/// (`Rank`), and the position now in units.
+pub const BACKFILL_READ: &str = "SET NOCOUNT ON;
+DECLARE @Since DATETIME2(3) = DATEADD(SECOND, -@P1, SYSUTCDATETIME());
+WITH e AS (
+    SELECT o.Id, o.OrderId, o.AccountId, o.Symbol, o.Side, o.Quantity, o.ExecutedAt,
+           CASE WHEN EXISTS (SELECT 1 FROM dbo.Outbox AS x WHERE x.OrderId = o.OrderId)
+                THEN 0 ELSE 1 END AS Unannounced
+      FROM dbo.Orders AS o
+     WHERE o.Status = N'Executed' AND o.ExecutedAt >= @Since),
+p AS (SELECT DISTINCT AccountId, Symbol FROM e WHERE Unannounced = 1)
+SELECT e.AccountId, e.Symbol, e.OrderId, e.Side, e.Quantity, e.Unannounced,
+       CONVERT(NVARCHAR(64), ISNULL(s.Units, 0)) AS Units,
+       CONVERT(BIGINT, ROW_NUMBER() OVER (ORDER BY e.ExecutedAt, e.Id)) AS Rank
+  FROM e
+  JOIN p ON p.AccountId = e.AccountId AND p.Symbol = e.Symbol
+  LEFT JOIN dbo.Positions AS s ON s.AccountId = e.AccountId AND s.Symbol = e.Symbol
+ ORDER BY e.AccountId, e.Symbol, e.ExecutedAt DESC, e.Id DESC;";
+
+/// `outbox backfill`'s write of one announcement: P1 its message id, P2
+/// the position after it in units, P3 the order id; nothing when the
+/// message id already has a row (a backfill run twice, or at once).
+/// Answers how many it wrote.
+pub const BACKFILL_WRITE: &str =
+    "SET NOCOUNT ON; INSERT INTO dbo.Outbox (MessageId, Kind, OrderId, AccountId, \
+     Side, Symbol, Quantity, PositionUnits, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt, \
+     LeaseUntil) \
+     SELECT @P1, N'OrderExecuted', o.OrderId, o.AccountId, o.Side, o.Symbol, o.Quantity, \
+     CAST(@P2 AS DECIMAL(38, 0)), o.Fingerprint, o.ExecutedAt, SYSUTCDATETIME(), \
+     SYSUTCDATETIME(), SYSUTCDATETIME() \
+     FROM dbo.Orders AS o WHERE o.OrderId = @P3 AND o.Status = N'Executed' \
+     AND NOT EXISTS (SELECT 1 FROM dbo.Outbox AS x WHERE x.MessageId = @P1); \
+     SELECT @@ROWCOUNT AS Written";
+
 /// Undispatched announcements, oldest first, at most P1.
 pub const SELECT_UNDISPATCHED: &str = concat!(
     "SELECT TOP (@P1) ",
@@ -712,6 +749,7 @@ pub const ALL: &[&str] = &[
     SELECT_UNDISPATCHED,
     SELECT_ANNOUNCEMENT_OF_ORDER,
     OUTBOX_COUNTS,
+    BACKFILL_WRITE,
 ];
 
 /// The batches with `DECLARE`, `IF … BEGIN … END` and `TRY…CATCH`:
@@ -721,8 +759,9 @@ pub const ALL: &[&str] = &[
 /// each path of them run there.
 /// [`LOCK_SCHEMA`] too: the parser does not take `EXEC @Result = …`; it
 /// runs on the engine at every migration.
-/// The outbox's claim, retry and purge too (`DECLARE`, `TOP (@Pn)` in a
-/// derived table, `EXEC @Lock = …`); [`mark_announced`] is parsed for a
+/// The outbox's claim, retry, purge and backfill's read too (`DECLARE`,
+/// `TOP (@Pn)` in a derived table, `EXEC @Lock = …`, a `WITH` after a
+/// `DECLARE`); [`mark_announced`] is parsed for a
 /// few sizes.
 pub const BATCHES: &[&str] = &[
     EXECUTE_ORDER_BODY,
@@ -732,4 +771,5 @@ pub const BATCHES: &[&str] = &[
     PURGE_ANNOUNCED,
     RETRY_ANNOUNCEMENTS,
     RESEND_ANNOUNCEMENTS,
+    BACKFILL_READ,
 ];
