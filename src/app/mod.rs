@@ -641,12 +641,26 @@ async fn open_checked(
     Ok((guard, store))
 }
 
+/// [`open_checked`] for a command that only reads (`status`, `outbox
+/// list`): the schema current, no right to write asked for.
+async fn open_for_reading(
+    config: &Config,
+) -> anyhow::Result<(Arc<dyn IdempotencyGuard>, Arc<dyn OrderStore>)> {
+    let guard = build_checked_guard(config).await?;
+    let store = build_store(config, NewFile::Refused).await?;
+    store
+        .check_for_reading()
+        .await
+        .with_context(|| format!("checking the {} schema", store.name()))?;
+    Ok((guard, store))
+}
+
 /// `status ORDER_ID`: the guard key beside the store's row, as text.
 pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<Status> {
     use std::fmt::Write;
     // As the processor keeps ids: without surrounding white space.
     let order_id = order_id.trim();
-    let (guard, store) = open_checked(config).await?;
+    let (guard, store) = open_for_reading(config).await?;
     let mut out = String::new();
     let key = config.guard_settings.key(order_id);
     match (&config.guard, guard.inspect(order_id).await) {

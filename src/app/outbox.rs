@@ -53,7 +53,7 @@ pub const LIST_AT_MOST: u32 = 1_000;
 /// `outbox list`: counts, then each undispatched announcement (parked
 /// ones marked), oldest first.
 pub async fn outbox_list(config: &Config) -> anyhow::Result<String> {
-    let (_, store) = super::open_checked(config).await?;
+    let (_, store) = super::open_for_reading(config).await?;
     let counts = store.outbox_counts().await?;
     let mut out = String::new();
     writeln!(

@@ -304,6 +304,14 @@ pub trait OrderStore: Send + Sync {
         self.migrate().await
     }
 
+    /// What a command that only reads (`status`, `outbox list`) runs
+    /// first: the schema is current, with no right to write asked for (an
+    /// operator's read-only login; on SQL Server the role
+    /// `order_guard_reader`). By default [`OrderStore::migrate`].
+    async fn check_for_reading(&self) -> Result<(), StoreError> {
+        self.migrate().await
+    }
+
     /// This database's identity ([`bound_identity`]): made once with the
     /// schema and bound to where the database lives, so an in-place restore
     /// keeps it and a copy or another database has another. What binds the

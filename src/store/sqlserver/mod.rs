@@ -295,15 +295,13 @@ impl SqlServerStore {
     /// Migrate within `bound` (the server waits at most three quarters of
     /// it for another process's migration lock), then check this user's
     /// rights; open the schema gate only when both succeed. `hint` says
-    /// what to do when the bound passes first. `rights_refuse`: a missing
-    /// right refuses (a start of the app) or is only said (the admin's
-    /// `order-guard migrate`: an admin who may change the schema need not
-    /// hold the app's table rights, and the migration is done).
+    /// what to do when the bound passes first. `app_rights`: what a
+    /// missing right of the app's does ([`rights::AppRights`]).
     async fn migrate_within(
         &self,
         bound: Duration,
         hint: &str,
-        rights_refuse: bool,
+        app_rights: rights::AppRights,
     ) -> Result<(), StoreError> {
         let bounds = migrate::Bounds {
             lock_wait: bound * 3 / 4,
@@ -344,15 +342,19 @@ impl SqlServerStore {
             }
             Err(e) => return Err(e),
         }
-        let rights = with_client!(self, "check rights", self.query_timeout, |client| {
-            rights::check_on(client)
-        })?;
-        match rights::refusal(&rights) {
-            Some(refusal) if rights_refuse => return Err(StoreError::Misconfigured(refusal)),
-            Some(refusal) => log::warn!(
-                "migrate: the schema is up to date; this user could not run the app itself: {refusal}"
-            ),
-            None => {}
+        if app_rights != rights::AppRights::NotNeeded {
+            let rights = with_client!(self, "check rights", self.query_timeout, |client| {
+                rights::check_on(client)
+            })?;
+            match rights::refusal(&rights) {
+                Some(refusal) if app_rights == rights::AppRights::Required => {
+                    return Err(StoreError::Misconfigured(refusal))
+                }
+                Some(refusal) => log::warn!(
+                    "migrate: the schema is up to date; this user could not run the app itself: {refusal}"
+                ),
+                None => {}
+            }
         }
         self.schema_verified.store(true, Ordering::Release);
         Ok(())
@@ -629,7 +631,7 @@ impl OrderStore for SqlServerStore {
             self.query_timeout * 3,
             "run `order-guard migrate` as the database admin (its bound is \
              SQL_MIGRATE_TIMEOUT_SECONDS; a start's is 3 × SQL_QUERY_TIMEOUT_SECONDS)",
-            true,
+            rights::AppRights::Required,
         )
         .await
     }
@@ -638,7 +640,20 @@ impl OrderStore for SqlServerStore {
         self.migrate_within(
             self.migrate_timeout,
             "run `order-guard migrate` again, or raise SQL_MIGRATE_TIMEOUT_SECONDS",
-            false,
+            rights::AppRights::Said,
+        )
+        .await?;
+        // The operator's read-only role, on an existing schema too.
+        with_client!(self, "make the reader role", self.query_timeout, |client| {
+            migrate::make_reader_role(client)
+        })
+    }
+
+    async fn check_for_reading(&self) -> Result<(), StoreError> {
+        self.migrate_within(
+            self.query_timeout * 3,
+            "run `order-guard migrate` as the database admin",
+            rights::AppRights::NotNeeded,
         )
         .await
     }

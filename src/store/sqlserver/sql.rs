@@ -242,6 +242,40 @@ pub const APP_RIGHTS: &[(&str, &str)] = &[
     ("DELETE", "dbo.Outbox"),
 ];
 
+/// The operator's read-only role: `migrate` makes it and grants it SELECT
+/// on [`READER_TABLES`], what `status` and `outbox list` read, and nothing
+/// else, so an operator who only looks is made a member of it instead of
+/// [`APP_ROLE`] (docs/sqlserver.md, "Least privilege").
+pub const READER_ROLE: &str = "order_guard_reader";
+
+/// Every table `status` and `outbox list` read (the schema's state and
+/// identity, the order, its position and rejections, the outbox).
+pub const READER_TABLES: &[&str] = &[
+    "dbo.SchemaVersion",
+    "dbo.StoreIdentity",
+    "dbo.Orders",
+    "dbo.Positions",
+    "dbo.RejectedEvents",
+    "dbo.Outbox",
+];
+
+/// What `migrate` runs, as the admin, every time (the schema current or
+/// not): [`READER_ROLE`] made if missing, then its grants, one batch each
+/// (a role is granted to once it exists). Idempotent.
+pub fn reader_role_batches() -> Vec<String> {
+    let mut batches = vec![format!(
+        "IF DATABASE_PRINCIPAL_ID(N'{READER_ROLE}') IS NULL CREATE ROLE {READER_ROLE}"
+    )];
+    batches.push(
+        READER_TABLES
+            .iter()
+            .map(|t| format!("GRANT SELECT ON {t} TO {READER_ROLE};"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    batches
+}
+
 /// The connected user's name and each right of [`APP_RIGHTS`] it lacks,
 /// in one round trip: one row per missing right, or one row with NULL
 /// right and object when none is missing. Run at every start once the
