@@ -36,9 +36,10 @@ use tokio::sync::Notify;
 
 use super::destination::Destination;
 use super::envelope::Naming;
+use super::lease::{claimed_window, sendable};
 use super::pack::{parks, SendFailure};
 use super::retention::{expired, Retention, RetentionSettings};
-use crate::store::{sendable, Announcement, Deferral, Handoff, OrderStore, StoreError};
+use crate::store::{Announcement, Deferral, Handoff, OrderStore, StoreError};
 
 /// How the dispatcher runs (built by `config`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,7 +210,8 @@ impl Dispatcher {
     pub async fn round(&self) -> Result<Round, StoreError> {
         let s = &self.settings;
         let claim = self.store.claim_announcements(s.batch, s.lease).await?;
-        self.send(claim.rows, Some(&claim.token), s.lease / 2).await
+        self.send(claim.rows, Some(&claim.token), claimed_window(s.lease))
+            .await
     }
 
     /// A round of the rows this process executed, born leased to it

@@ -7,7 +7,8 @@
 //! every destination shares (a pack of events, a refusal: a leaf),
 //! [`destination`] is where it goes: an Azure Storage Queue ([`queue`]) or
 //! an Event Grid custom topic ([`topic`]), each reading its own status
-//! codes; [`dispatch`] claims, sends, marks and defers; [`retention`] deletes
+//! codes; [`dispatch`] claims, sends, marks and defers, by the rules of
+//! [`lease`]; [`retention`] deletes
 //! what is past `OUTBOX_RETENTION_HOURS`, with a destination or without
 //! (then the unsent rows too: nothing would send them), so the table stays
 //! bounded and a destination set later sends at most the retention's rows.
@@ -15,6 +16,7 @@
 pub mod destination;
 pub mod dispatch;
 pub mod envelope;
+pub mod lease;
 pub mod pack;
 pub mod queue;
 pub mod retention;

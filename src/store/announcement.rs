@@ -9,10 +9,9 @@
 //! id and the same payload. Dispatching (`crate::outbox`) holds rows under
 //! a lease (claimed, or born leased to it: [`Handoff`]), sends them, and
 //! marks them dispatched; dispatched rows are deleted after a retention.
+//! The store holds the rows and hands over births; the rules of leases
+//! (which births go, within what time) are the outbox's.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rust_decimal::Decimal;
@@ -104,102 +103,30 @@ pub struct Claim {
     pub rows: Vec<Announcement>,
 }
 
-/// Announcements handed from a store's `execute` to its process's
-/// dispatcher (`OrderStore::hand_over_announcements`): each row is written
-/// already leased for [`Handoff::lease`] (under no claim's token), in the
-/// transaction that executes its order, and handed over here once that
+/// The hand-over of the rows a store's `execute` writes born leased to its
+/// process's dispatcher (`OrderStore::hand_over_announcements`): each row
+/// is written already leased for its `lease` (under no claim's token), in
+/// the transaction that executes its order, and handed over once that
 /// transaction has committed. The dispatcher sends it as it is, with no
-/// claim: on SQLite a claim rewrote every row of its round, and its
-/// statement was prepared again on every call (its bound `LIMIT`), a fifth
-/// of what dispatch added to a first delivery's CPU (docs/benchmarks.md,
-/// "Born leased").
+/// claim (on SQLite a claim rewrote every row of its round, and its
+/// statement was prepared again on every call, its bound `LIMIT`: a fifth
+/// of what dispatch added to a first delivery's CPU, docs/benchmarks.md,
+/// "Born leased"); which births it sends, and within what time, are the
+/// outbox's lease rules (`crate::outbox::lease`).
 ///
 /// Nothing here is needed for correctness: a row never handed over (the
 /// caller gone before it, the hand-off full, the process dead) or taken too
 /// late to send within its lease is claimed like any other once its lease
 /// ends. The lease column, not this memory, keeps one dispatcher per row.
-#[derive(Debug)]
-pub struct Handoff {
-    /// How long a row is born leased.
-    pub lease: Duration,
-    born: Mutex<VecDeque<Birth>>,
-    /// Rows not handed over because it was full (cumulative).
-    refused: AtomicU64,
-}
+pub type Handoff = crate::handoff::Handoff<Birth>;
 
 /// A row handed over, and when its lease ends by this process's monotonic
 /// clock (timed from the instant the row's lease is, to within the
-/// millisecond the row's text keeps; sends end half a lease before it).
+/// millisecond the row's text keeps).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Birth {
     pub row: Announcement,
     pub leased_until: Instant,
-}
-
-impl Handoff {
-    /// Rows held at most; past it a row is not handed over and waits for
-    /// its lease to end (a dispatcher that far behind is failing to send).
-    pub const CAPACITY: usize = 16_384;
-
-    pub fn new(lease: Duration) -> Handoff {
-        Handoff {
-            lease,
-            born: Mutex::new(VecDeque::new()),
-            refused: AtomicU64::new(0),
-        }
-    }
-
-    /// A committed row, for the dispatcher; `false` when full (the row then
-    /// waits for its lease to end, and [`Self::refused`] counts it).
-    pub fn hand(&self, birth: Birth) -> bool {
-        let mut born = self.born.lock().unwrap_or_else(|e| e.into_inner());
-        if born.len() >= Self::CAPACITY {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return false;
-        }
-        born.push_back(birth);
-        true
-    }
-
-    /// The oldest rows handed over, at most `limit` (a round's worth: a
-    /// round's mark is one writer call, which the orders wait behind).
-    pub fn take(&self, limit: usize) -> Vec<Birth> {
-        let mut born = self.born.lock().unwrap_or_else(|e| e.into_inner());
-        let n = born.len().min(limit);
-        born.drain(..n).collect()
-    }
-
-    /// Rows not handed over because the hand-off was full, so far.
-    pub fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
-    }
-}
-
-/// Which of `births` to send from memory at `now`, and how long the sends
-/// may take. A claimed round stops sending at half its lease; so does
-/// this one, counted from the oldest row it sends. A row is sent only
-/// while that leaves a quarter of the lease or more (it was born at most a
-/// quarter of the lease ago); older ones, and every one when the lease is
-/// zero, are left to a claim once their lease ends. Pure.
-pub fn sendable(
-    births: Vec<Birth>,
-    now: Instant,
-    lease: Duration,
-) -> (Vec<Announcement>, Duration) {
-    let mut window = lease / 2;
-    let mut rows = Vec::with_capacity(births.len());
-    for birth in births {
-        // The send must end while at least half the lease is left.
-        let left = birth
-            .leased_until
-            .saturating_duration_since(now)
-            .saturating_sub(lease / 2);
-        if left >= lease / 4 && !left.is_zero() {
-            window = window.min(left);
-            rows.push(birth.row);
-        }
-    }
-    (rows, window)
 }
 
 /// What happens to a row whose send failed.
@@ -288,75 +215,6 @@ mod tests {
     /// `message_id("ORD-1")`, as Python's `uuid.uuid5` computes it: it must
     /// never change.
     const PINNED_ORD_1: &str = "eec40ef8-f4e4-53b0-b4e0-bffbccde185c";
-
-    /// Sent from memory: rows with at least three quarters of their lease
-    /// left; the sends end while half of the oldest one's is left.
-    #[test]
-    fn births_are_sent_from_memory_only_while_their_lease_leaves_time() {
-        let now = Instant::now();
-        let lease = Duration::from_secs(40);
-        let birth = |id: &str, left: u64| Birth {
-            row: Announcement::sample(id),
-            leased_until: now + Duration::from_secs(left),
-        };
-        let (rows, window) = sendable(
-            vec![birth("fresh", 40), birth("older", 35), birth("stale", 29)],
-            now,
-            lease,
-        );
-        let ids: Vec<&str> = rows.iter().map(|r| r.order_id.as_str()).collect();
-        assert_eq!(
-            ids,
-            ["fresh", "older"],
-            "in their order; the stale one left"
-        );
-        assert_eq!(
-            window,
-            Duration::from_secs(15),
-            "35 s left, less half the lease"
-        );
-        let (rows, window) = sendable(vec![birth("fresh", 40)], now, lease);
-        assert_eq!((rows.len(), window), (1, Duration::from_secs(20)));
-        // A lease of 30 s (the default): a quarter is the least window.
-        let (rows, window) = sendable(
-            vec![birth("edge", 23)],
-            now + Duration::from_millis(500),
-            Duration::from_secs(30),
-        );
-        assert_eq!((rows.len(), window), (1, Duration::from_millis(7_500)));
-        let (rows, _) = sendable(
-            vec![birth("gone", 23)],
-            now + Duration::from_millis(501),
-            Duration::from_secs(30),
-        );
-        assert!(rows.is_empty());
-        // Past its lease, or none at all: left to a claim.
-        let (rows, window) = sendable(vec![birth("past", 0)], now + lease, lease);
-        assert!(rows.is_empty());
-        assert_eq!(window, lease / 2);
-        assert!(sendable(vec![birth("zero", 0)], now, Duration::ZERO)
-            .0
-            .is_empty());
-    }
-
-    #[test]
-    fn a_full_hand_off_refuses_and_counts_a_row_and_take_gives_a_rounds_worth() {
-        let h = Handoff::new(Duration::from_secs(30));
-        let birth = Birth {
-            row: Announcement::sample("o"),
-            leased_until: Instant::now(),
-        };
-        for _ in 0..Handoff::CAPACITY {
-            assert!(h.hand(birth.clone()));
-        }
-        assert_eq!(h.refused(), 0);
-        assert!(!h.hand(birth.clone()), "full: the row waits for its lease");
-        assert_eq!(h.refused(), 1);
-        assert_eq!(h.take(64).len(), 64, "a round's worth");
-        assert_eq!(h.take(usize::MAX).len(), Handoff::CAPACITY - 64);
-        assert!(h.take(64).is_empty());
-        assert!(h.hand(birth));
-    }
 
     #[test]
     fn positions_after_walk_back_from_now_through_each_execution() {
