@@ -656,8 +656,14 @@ impl OrderStore for SqliteStore {
         within: Duration,
         write: bool,
     ) -> Result<u64, StoreError> {
-        self.with(move |conn| outbox::backfill(conn, within, write))
-            .await
+        // The count only reads: on the read connection, off the writer.
+        if write {
+            self.with(move |conn| outbox::backfill(conn, within, true))
+                .await
+        } else {
+            self.read(move |conn| outbox::backfill(conn, within, false))
+                .await
+        }
     }
 
     fn load(&self) -> StoreLoad {
