@@ -12,9 +12,10 @@
 //! binary's commands; [`logging`] puts each log line on the stream that
 //! gives it its severity on the Functions host; [`tls`] installs the one
 //! TLS crypto provider every HTTPS and `rediss://` client uses; [`text`]
-//! (how values are shown in logs and messages) and [`storage`] (an Azure
+//! (how values are shown in logs and messages), [`storage`] (an Azure
 //! Storage account's settings, for the outbox and the dead-letter sweep)
-//! are leaves every layer may import.
+//! and [`handoff`] (the bounded hand-over of the store's births to the
+//! outbox) are leaves every layer may import.
 
 pub mod app;
 pub mod body;
@@ -26,6 +27,7 @@ pub mod event;
 pub mod faults;
 pub mod finished;
 pub mod guard;
+pub mod handoff;
 pub mod host;
 pub mod hosting;
 pub mod logging;

@@ -53,8 +53,8 @@ enum Command {
         dry_run: bool,
     },
     /// Announcements of executed orders (OUTBOX_STORAGE and OUTBOX_QUEUE, or
-    /// OUTBOX_TOPIC_ENDPOINT): list the undispatched, send them again, or
-    /// dispatch now.
+    /// OUTBOX_TOPIC_ENDPOINT): list the undispatched, send them again,
+    /// dispatch now, or announce executions that have none.
     Outbox {
         #[command(subcommand)]
         action: OutboxAction,
@@ -99,6 +99,19 @@ enum OutboxAction {
         #[arg(long, value_parser = parse_since)]
         since: Option<std::time::Duration>,
         /// Make them due: consumers get a copy of each again.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Announce the orders executed since a time that have no announcement
+    /// (executed by instances of an earlier version during a rolling
+    /// upgrade), once each, for the serving instances to send. Without
+    /// --yes, says how many and where they would go, and does nothing.
+    Backfill {
+        /// Executed since this instant (RFC 3339) or this long ago (e.g.
+        /// 36h), at most OUTBOX_RETENTION_HOURS ago.
+        #[arg(long, value_parser = parse_since)]
+        since: std::time::Duration,
+        /// Write the announcements: consumers get each once.
         #[arg(long)]
         yes: bool,
     },
@@ -306,6 +319,18 @@ async fn run(command: Command, config: Config) -> anyhow::Result<ExitCode> {
             }
             println!("{n} announcements due again, for the serving instances to send");
         }
+        Command::Outbox {
+            action: OutboxAction::Backfill { since, yes },
+        } => match app::outbox_backfill(&config, since, yes).await? {
+            app::BackfillRun::Written(n) => {
+                println!("{n} announcements written, for the serving instances to send")
+            }
+            app::BackfillRun::Plan(plan) => {
+                println!("{plan}");
+                eprintln!("order-guard: nothing written: run again with --yes to announce them");
+                return Ok(ExitCode::from(2));
+            }
+        },
         Command::PruneGuard { dry_run } => {
             let summary = app::prune_guard(&config, dry_run).await?;
             println!("{summary}");

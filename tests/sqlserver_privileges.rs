@@ -545,3 +545,88 @@ async fn the_dead_letter_sweep_stops_at_the_first_right_refused() {
     assert!(s.stopped.is_some(), "the second sweep stopped: {s}");
     assert_eq!((s.blobs, s.moved, s.not_reached), (1, 0, 2), "{s:?}");
 }
+
+/// `migrate` makes the operator's read-only role, on a current schema
+/// too: a login whose user is only in `order_guard_reader` runs `status`
+/// and `outbox list`, and the server refuses it every write (an INSERT,
+/// UPDATEs, a DELETE), as `outbox retry` is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reader_role_runs_status_and_outbox_list_and_writes_nothing() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let db = common::mssql_fresh_database(&cs).await;
+    let app = common::mssql_app_connection_string(&db).await;
+    // Granted on a schema already current too: its grants revoked (a
+    // role with grants cannot be dropped on Babelfish), `migrate` again.
+    let revoke: Vec<String> = sql::READER_TABLES
+        .iter()
+        .map(|t| format!("REVOKE SELECT ON {t} FROM {};", sql::READER_ROLE))
+        .collect();
+    owner_batch(&db, &revoke.join("\n")).await;
+    migrate(&db).await;
+    let account = unique_id("acct");
+    let order_id = unique_id("ord");
+    let app_store = store(&app);
+    app_store.migrate().await.unwrap();
+    let o = order_guard::order::Order::from_data(&json!({
+        "orderId": order_id, "accountId": account, "side": "buy", "symbol": "MSFT",
+        "quantity": "2"
+    }))
+    .unwrap();
+    app_store.execute(&o, "e", "{}").await.unwrap();
+    let reader = common::mssql_login(&db, "og_reader", &[sql::READER_ROLE]).await;
+
+    let run = |args: &[&str]| {
+        let mut cmd = order_guard(&reader, args);
+        async move {
+            let out = cmd.output().await.unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (out.status.code(), text)
+        }
+    };
+    let (code, text) = run(&["status", &order_id]).await;
+    assert_eq!(code, Some(0), "{text}");
+    for part in ["Executed", "position", " = 2", "announced"] {
+        assert!(text.contains(part), "{part:?} not in: {text}");
+    }
+    let (code, text) = run(&["outbox", "list"]).await;
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("undispatched=1"), "{text}");
+    let (code, text) = run(&["outbox", "retry"]).await;
+    assert_ne!(code, Some(0), "a write, refused: {text}");
+
+    let mut client = common::mssql_raw_client(&reader).await;
+    let writes = [
+        "INSERT INTO dbo.RejectedEvents (EventHash, Kind, Reason, RawEvent, Deliveries, \
+         FirstSeenAt, LastSeenAt) VALUES (N'h', N'poison', N'r', N'{}', 1, \
+         SYSUTCDATETIME(), SYSUTCDATETIME())"
+            .to_string(),
+        "UPDATE dbo.Orders SET Attempts = Attempts + 1".to_string(),
+        "UPDATE dbo.Outbox SET Parked = 1".to_string(),
+        "DELETE FROM dbo.Outbox".to_string(),
+        format!("UPDATE dbo.Positions SET Units = 0 WHERE AccountId = N'{account}'"),
+    ];
+    for write in &writes {
+        let refused = match client.simple_query(write.as_str()).await {
+            Ok(stream) => stream.into_results().await.err(),
+            Err(e) => Some(e),
+        };
+        let e = refused.unwrap_or_else(|| panic!("the reader wrote: {write}"));
+        let message = e.to_string().to_lowercase();
+        assert!(
+            message.contains("permission") || message.contains("denied"),
+            "{write}: {e}"
+        );
+    }
+    // Nothing changed.
+    assert_eq!(
+        app_store.position(&account, "MSFT").await.unwrap(),
+        Some("2".parse().unwrap())
+    );
+    assert_eq!(app_store.outbox_counts().await.unwrap().undispatched, 1);
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 use order_guard::order::{Order, OrderStatus};
 use order_guard::position::Position;
 use order_guard::store::{
-    message_id, Announcement, Claim, Deferral, Execution, Listing, OrderStore, Rejection,
+    message_id, Announcement, Claim, Deferral, Execution, Expired, Listing, OrderStore, Rejection,
     RejectionKind, Resend, ORDER_EXECUTED,
 };
 use rust_decimal::Decimal;
@@ -311,7 +311,7 @@ mod suite {
     }
 
     /// The announcement of one order, dispatched or not (at most one).
-    async fn announcement_of(store: &dyn OrderStore, order_id: &str) -> Option<Announcement> {
+    pub async fn announcement_of(store: &dyn OrderStore, order_id: &str) -> Option<Announcement> {
         let rows = store
             .announcements(&Listing::Order(order_id.to_string()), 10)
             .await
@@ -492,7 +492,10 @@ mod suite {
         // The retention: nothing dispatched a day ago here; everything
         // dispatched before now goes, and nothing undispatched ever.
         let day = Duration::from_secs(86_400);
-        store.purge_announced(day, 10_000).await.unwrap();
+        store
+            .purge_announced(day, 10_000, Expired::Sent)
+            .await
+            .unwrap();
         assert!(announcement_of(store.as_ref(), &orders[0].order_id)
             .await
             .is_some());
@@ -502,7 +505,10 @@ mod suite {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let mut purged = 0;
         loop {
-            let n = store.purge_announced(Duration::ZERO, 2).await.unwrap();
+            let n = store
+                .purge_announced(Duration::ZERO, 2, Expired::Sent)
+                .await
+                .unwrap();
             assert!(n <= 2, "a purge deletes at most its limit");
             purged += n;
             if n == 0 {
@@ -544,7 +550,12 @@ mod suite {
         let highest = sent.iter().map(|r| r.seq).max().unwrap();
         // DispatchedAt is stored to the millisecond: be past it.
         tokio::time::sleep(Duration::from_millis(5)).await;
-        while store.purge_announced(Duration::ZERO, 500).await.unwrap() > 0 {}
+        while store
+            .purge_announced(Duration::ZERO, 500, Expired::Sent)
+            .await
+            .unwrap()
+            > 0
+        {}
         for row in &sent[..2] {
             assert_eq!(
                 announcement_of(store.as_ref(), &row.order_id).await,
@@ -709,6 +720,11 @@ impl Backend {
         }
     }
 }
+
+/// The outbox's history: rows past the retention, executions an earlier
+/// version left unannounced (checks that seed state through [`Backend`]).
+#[path = "store_conformance/history.rs"]
+mod history;
 
 /// The checks that seed state through [`Backend`].
 mod seeded {
@@ -891,6 +907,9 @@ macro_rules! conformance {
                 an_overflowing_order_is_rejected_and_stored,
                 a_row_an_earlier_version_left_received_is_resumed,
                 a_row_of_an_older_fingerprint_version_is_judged_by_its_columns);
+            conformance!(@history $make;
+                unsent_rows_past_the_retention_go_only_where_nothing_sends_them,
+                a_backfill_announces_what_an_earlier_version_executed_once);
         }
     };
     (@tests $make:expr; $($check:ident),*) => {
@@ -899,6 +918,16 @@ macro_rules! conformance {
             async fn $check() {
                 if let Some((store, _backend)) = $make.await {
                     suite::$check(store).await;
+                }
+            }
+        )*
+    };
+    (@history $make:expr; $($check:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $check() {
+                if let Some((store, backend)) = $make.await {
+                    history::$check(store, &backend).await;
                 }
             }
         )*

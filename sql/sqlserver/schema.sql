@@ -84,7 +84,7 @@ IF OBJECT_ID(N'dbo.Positions', N'U') IS NULL
 GO
 
 -- Version 2 → 3: Quantity DECIMAL(38,10) becomes Units DECIMAL(38,0), in
--- three steps, so that a table of any size is converted (issue 34). Here,
+-- three steps, so that a table of any size is converted. Here,
 -- in the migration's first transaction (cheap: no row is rewritten): Units
 -- is added NULL (NULL means "not converted yet"), and Quantity renamed
 -- QuantityV2, so an instance of an earlier version still running fails on
@@ -153,7 +153,7 @@ IF NOT EXISTS (SELECT 1 FROM dbo.StoreIdentity)
     INSERT INTO dbo.StoreIdentity (Id) VALUES (LOWER(CONVERT(NVARCHAR(36), NEWID())));
 GO
 
--- The outbox (version 4, issue 32): one row per executed order, written by
+-- The outbox (version 4): one row per executed order, written by
 -- the execution procedure in the transaction that executes it, dispatched
 -- after the commit, deleted after a retention (src/store/announcement.rs).
 -- PositionUnits is the position after the order, in units as in Positions.
@@ -212,7 +212,7 @@ IF NOT EXISTS (SELECT 1 FROM sys.indexes
     CREATE INDEX IX_Outbox_ClaimToken ON dbo.Outbox (ClaimToken);
 GO
 
--- The application's rights (issue 33): a role of our own (Babelfish has no
+-- The application's rights: a role of our own (Babelfish has no
 -- db_datareader / db_datawriter, and those grant no EXECUTE), granted
 -- exactly what `serve`, `replay`, the dead-letter sweep and `status` need;
 -- the app's user is made a member (README step 4). Reads of every table the

@@ -429,3 +429,17 @@ pub(super) async fn open_checked(
         .with_context(|| format!("checking the {} schema", store.name()))?;
     Ok((guard, store))
 }
+
+/// [`open_checked`] for a command that only reads (`status`, `outbox
+/// list`): the schema current, no right to write asked for.
+pub(super) async fn open_for_reading(
+    config: &Config,
+) -> anyhow::Result<(Arc<dyn IdempotencyGuard>, Arc<dyn OrderStore>)> {
+    let guard = build_checked_guard(config).await?;
+    let store = build_store(config, NewFile::Refused).await?;
+    store
+        .check_for_reading()
+        .await
+        .with_context(|| format!("checking the {} schema", store.name()))?;
+    Ok((guard, store))
+}

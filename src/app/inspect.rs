@@ -1,7 +1,7 @@
 //! The operator's read-outs and upkeep: `status ORDER_ID` (the guard's
 //! key beside the store's row) and `prune-guard`.
 
-use super::build::open_checked;
+use super::build::{open_checked, open_for_reading};
 use super::outbox;
 use crate::config::{Config, GuardConfig};
 
@@ -10,7 +10,7 @@ pub async fn status(config: &Config, order_id: &str) -> anyhow::Result<Status> {
     use std::fmt::Write;
     // As the processor keeps ids: without surrounding white space.
     let order_id = order_id.trim();
-    let (guard, store) = open_checked(config).await?;
+    let (guard, store) = open_for_reading(config).await?;
     let mut out = String::new();
     let key = config.guard_settings.key(order_id);
     match (&config.guard, guard.inspect(order_id).await) {

@@ -19,12 +19,15 @@ pub use self::dead_letters::{
     dead_letter_container, dead_letters_list, dead_letters_replay, refuse_embedded_state,
 };
 pub use self::inspect::{prune_guard, status, PruneSummary, Status};
-pub use self::outbox::{outbox_dispatch, outbox_list, outbox_resend, outbox_retry, DispatchRun};
+pub use self::outbox::{
+    outbox_backfill, outbox_dispatch, outbox_list, outbox_resend, outbox_retry, BackfillRun,
+    DispatchRun,
+};
 pub use self::replay::{read_replay_file, replay, ReplaySummary};
 pub use self::serve::serve;
 pub use self::webhook::webhook;
 
-use self::build::open_checked;
+use self::build::{open_checked, open_for_reading};
 
 /// Log each record on the stream that gives it its severity on the
 /// Functions host (`crate::logging`): warnings and errors on stderr, the

@@ -1,8 +1,9 @@
 //! The outbox's commands and its dispatcher's start: `serve` runs one
 //! dispatcher when a destination is set (`OUTBOX_STORAGE` or
-//! `OUTBOX_TOPIC_ENDPOINT`); `outbox list`, `retry`, `resend` and
-//! `dispatch` are the operator's. The two that send or send again act
-//! only when told `--yes`: without it they say what they would do (the
+//! `OUTBOX_TOPIC_ENDPOINT`), and the retention alone when none is;
+//! `outbox list`, `retry`, `resend`, `dispatch` and `backfill` are the
+//! operator's. The three that send, send again or announce act only when
+//! told `--yes`: without it they say what they would do (the
 //! destination, the event naming, the count) and do nothing, since a
 //! shell's settings may name another destination than production's.
 
@@ -10,7 +11,8 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::outbox::{Destination, DestinationSettings, Dispatcher};
+use crate::outbox::retention::expired;
+use crate::outbox::{Destination, DestinationSettings, Dispatcher, Retention};
 use crate::store::{Listing, OrderStore, Resend};
 
 /// The dispatcher `serve` runs beside the handler, started (its first
@@ -21,10 +23,15 @@ pub fn start_dispatcher(
     store: &Arc<dyn OrderStore>,
 ) -> anyhow::Result<Option<Arc<Dispatcher>>> {
     let Some(settings) = &config.outbox.destination else {
+        let retention = config.outbox.dispatch.retention_settings();
         log::info!(
-            "outbox: neither OUTBOX_STORAGE nor OUTBOX_TOPIC_ENDPOINT is set: executions are announced in the {} store's Outbox table and not sent anywhere",
-            store.name()
+            "outbox: neither OUTBOX_STORAGE nor OUTBOX_TOPIC_ENDPOINT is set: executions are announced in the {} store's Outbox table and not sent anywhere; those waiting more than OUTBOX_RETENTION_HOURS ({} h) are deleted, so a destination set later sends at most that many hours of them",
+            store.name(),
+            retention.keep.as_secs() / 3600
         );
+        // The table stays bounded without a dispatcher too: the retention
+        // runs for the life of the process.
+        Arc::new(Retention::new(Arc::clone(store), retention, expired(false))).spawn();
         return Ok(None);
     };
     let destination = Destination::new(settings).map_err(|e| anyhow::anyhow!("outbox: {e}"))?;
@@ -46,7 +53,7 @@ pub const LIST_AT_MOST: u32 = 1_000;
 /// `outbox list`: counts, then each undispatched announcement (parked
 /// ones marked), oldest first.
 pub async fn outbox_list(config: &Config) -> anyhow::Result<String> {
-    let (_, store) = super::open_checked(config).await?;
+    let (_, store) = super::open_for_reading(config).await?;
     let counts = store.outbox_counts().await?;
     let mut out = String::new();
     writeln!(
@@ -141,6 +148,47 @@ pub async fn outbox_resend(config: &Config, which: &Resend, yes: bool) -> anyhow
         return Ok(matching);
     }
     Ok(store.resend_announcements(which).await?)
+}
+
+/// What `outbox backfill` did, or would do without `--yes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackfillRun {
+    /// Told `--yes`: this many announcements written.
+    Written(u64),
+    /// Not told: how many it would write, and where they would go.
+    Plan(String),
+}
+
+/// `outbox backfill --since AGE [--yes]`: the orders executed within `age`
+/// that have no announcement get one (`OrderStore::backfill_announcements`),
+/// for the serving instances' dispatchers to send. Refused further back
+/// than the retention: an older execution's announcement may have been
+/// sent and deleted since, and would be announced twice.
+pub async fn outbox_backfill(
+    config: &Config,
+    age: std::time::Duration,
+    yes: bool,
+) -> anyhow::Result<BackfillRun> {
+    let retention = config.outbox.dispatch.retention;
+    if age > retention {
+        anyhow::bail!(
+            "--since reaches back {} h, more than OUTBOX_RETENTION_HOURS ({} h): an order executed before that may have had its announcement sent and deleted by the retention, and would be announced twice; give a later time",
+            age.as_secs() / 3600,
+            retention.as_secs() / 3600
+        );
+    }
+    let (_, store) = super::open_checked(config).await?;
+    if !yes {
+        let n = store.backfill_announcements(age, false).await?;
+        return Ok(BackfillRun::Plan(format!(
+            "would announce {n} orders executed in the last {} without an announcement, each once with its message id and a new sequence, for the serving instances to send (destination: {})",
+            humantime::format_duration(std::time::Duration::from_secs(age.as_secs())),
+            destination(config)
+        )));
+    }
+    Ok(BackfillRun::Written(
+        store.backfill_announcements(age, true).await?,
+    ))
 }
 
 /// Where announcements go, for `outbox list` and `status`.

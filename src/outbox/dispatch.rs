@@ -25,12 +25,8 @@
 //! when the lease ends it is sent again, with the same id and payload;
 //! consumers deduplicate on the id.
 //!
-//! The retention: once an hour, dispatched rows older than
-//! `retention` are deleted in small batches (the store's purge: one
-//! instance at a time, a short transaction each), each followed by a rest
-//! a few times as long as it took (`purge_rest`), on a task beside the
-//! rounds: dispatch never waits for a purge to end, and the orders keep
-//! most of the store's time while it runs.
+//! The retention runs beside the rounds, on a task of its own
+//! ([`super::retention`]): dispatch never waits for a purge to end.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,8 +36,10 @@ use tokio::sync::Notify;
 
 use super::destination::Destination;
 use super::envelope::Naming;
+use super::lease::{claimed_window, sendable};
 use super::pack::{parks, SendFailure};
-use crate::store::{sendable, Announcement, Deferral, Handoff, OrderStore, StoreError};
+use super::retention::{expired, Retention, RetentionSettings};
+use crate::store::{Announcement, Deferral, Handoff, OrderStore, StoreError};
 
 /// How the dispatcher runs (built by `config`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,24 +88,15 @@ impl Default for DispatchSettings {
     }
 }
 
-/// How often the retention runs.
-pub const PURGE_EVERY: Duration = Duration::from_secs(3600);
-
-/// The retention's task, aborted when the dispatcher's loop is dropped.
-struct Retention(tokio::task::JoinHandle<()>);
-
-impl Drop for Retention {
-    fn drop(&mut self) {
-        self.0.abort();
+impl DispatchSettings {
+    /// The retention's part of these settings.
+    pub fn retention_settings(&self) -> RetentionSettings {
+        RetentionSettings {
+            keep: self.retention,
+            batch: self.purge_batch,
+            rest: self.purge_rest,
+        }
     }
-}
-
-/// After a purge call that deleted `deleted` of at most `batch` rows in
-/// `took`: `None` when the retention is done (a short batch: nothing more
-/// is due, or another instance holds the purge), else how long to rest
-/// before the next call (`rest` times `took`).
-pub fn purge_pause(deleted: u64, batch: u32, took: Duration, rest: u32) -> Option<Duration> {
-    (deleted >= u64::from(batch)).then(|| took.saturating_mul(rest))
 }
 
 /// The back-off of a row after its `attempts`-th failed send: 1 s doubling
@@ -145,7 +134,6 @@ struct Counters {
     sent: AtomicU64,
     failed: AtomicU64,
     parked: AtomicU64,
-    purged: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -171,6 +159,8 @@ pub struct Dispatcher {
     settings: DispatchSettings,
     announcer: Announcer,
     counters: Counters,
+    /// Dispatched rows past the retention deleted, beside the rounds.
+    retention: Arc<Retention>,
     /// The hand-off's refusals already logged.
     refused_seen: AtomicU64,
 }
@@ -181,10 +171,16 @@ impl Dispatcher {
         destination: Destination,
         settings: DispatchSettings,
     ) -> Dispatcher {
+        let retention = Arc::new(Retention::new(
+            Arc::clone(&store),
+            settings.retention_settings(),
+            expired(true),
+        ));
         Dispatcher {
             store,
             destination,
             settings,
+            retention,
             announcer: Announcer::default(),
             counters: Counters::default(),
             refused_seen: AtomicU64::new(0),
@@ -206,7 +202,7 @@ impl Dispatcher {
             sent: c.sent.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
             parked: c.parked.load(Ordering::Relaxed),
-            purged: c.purged.load(Ordering::Relaxed),
+            purged: self.retention.purged(),
         }
     }
 
@@ -214,7 +210,8 @@ impl Dispatcher {
     pub async fn round(&self) -> Result<Round, StoreError> {
         let s = &self.settings;
         let claim = self.store.claim_announcements(s.batch, s.lease).await?;
-        self.send(claim.rows, Some(&claim.token), s.lease / 2).await
+        self.send(claim.rows, Some(&claim.token), claimed_window(s.lease))
+            .await
     }
 
     /// A round of the rows this process executed, born leased to it
@@ -344,24 +341,10 @@ impl Dispatcher {
         }
     }
 
-    /// The retention: delete dispatched rows past it, a batch at a time,
-    /// paced ([`purge_pause`]) so the orders keep most of the store.
+    /// One pass of the retention ([`Retention::purge`]): dispatched rows
+    /// past it deleted.
     pub async fn purge(&self) -> Result<u64, StoreError> {
-        let s = &self.settings;
-        let mut purged = 0;
-        loop {
-            let started = Instant::now();
-            let n = self
-                .store
-                .purge_announced(s.retention, s.purge_batch)
-                .await?;
-            purged += n;
-            self.counters.purged.fetch_add(n, Ordering::Relaxed);
-            match purge_pause(n, s.purge_batch, started.elapsed(), s.purge_rest) {
-                Some(rest) => tokio::time::sleep(rest).await,
-                None => return Ok(purged),
-            }
-        }
+        self.retention.purge().await
     }
 
     /// Start [`Self::run`] on a task of its own. The rows this process
@@ -382,9 +365,8 @@ impl Dispatcher {
     /// must not wait behind it). Store failures are logged and waited out
     /// (the rows stay; nothing is lost).
     pub async fn run(self: Arc<Self>) {
-        // Ends with this loop (dropped with it), and started again if it
-        // ever ends by itself (a panic): the retention never stops unseen.
-        let mut retention = Retention(tokio::spawn(Arc::clone(&self).retain()));
+        // Ends with this loop (dropped with it).
+        let _retention = AbortOnDrop(self.retention.spawn());
         let handoff = self.store.hand_over_announcements(self.settings.lease);
         let wake = Arc::clone(&self.announcer.0);
         // A store that cannot be used (down, or its schema not verified
@@ -392,10 +374,6 @@ impl Dispatcher {
         let mut failing = false;
         let mut next_claim = tokio::time::Instant::now();
         loop {
-            if retention.0.is_finished() {
-                log::error!("outbox: the retention task ended unexpectedly; started again");
-                retention = Retention(tokio::spawn(Arc::clone(&self).retain()));
-            }
             let born = match &handoff {
                 Some(h) => self.drain_born(h).await,
                 None => Ok(()),
@@ -432,21 +410,14 @@ impl Dispatcher {
             }
         }
     }
+}
 
-    /// The retention: at start, then every [`PURGE_EVERY`].
-    async fn retain(self: Arc<Self>) {
-        loop {
-            match self.purge().await {
-                Ok(0) => {}
-                Ok(n) => {
-                    log::info!("outbox: {n} dispatched announcements past the retention deleted")
-                }
-                Err(e) => {
-                    log::warn!("outbox: retention purge failed ({e}); tried again in an hour")
-                }
-            }
-            tokio::time::sleep(PURGE_EVERY).await;
-        }
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -460,24 +431,6 @@ mod tests {
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
         assert_eq!(retry_in(0), Duration::from_secs(1));
         assert_eq!(retry_in(i64::MAX), Duration::from_secs(300));
-    }
-
-    #[test]
-    fn the_purge_rests_a_multiple_of_each_full_batch_and_stops_at_a_short_one() {
-        let took = Duration::from_millis(4);
-        assert_eq!(
-            purge_pause(100, 100, took, 3),
-            Some(Duration::from_millis(12))
-        );
-        assert_eq!(purge_pause(100, 100, took, 0), Some(Duration::ZERO));
-        // Fewer than a batch: nothing more is due (or another instance
-        // holds the purge's lock and this one deleted nothing).
-        assert_eq!(purge_pause(99, 100, took, 3), None);
-        assert_eq!(purge_pause(0, 100, took, 3), None);
-        assert_eq!(
-            purge_pause(1, 1, Duration::MAX, u32::MAX),
-            Some(Duration::MAX)
-        );
     }
 
     #[test]

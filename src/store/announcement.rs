@@ -9,14 +9,14 @@
 //! id and the same payload. Dispatching (`crate::outbox`) holds rows under
 //! a lease (claimed, or born leased to it: [`Handoff`]), sends them, and
 //! marks them dispatched; dispatched rows are deleted after a retention.
+//! The store holds the rows and hands over births; the rules of leases
+//! (which births go, within what time) are the outbox's.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rust_decimal::Decimal;
 
+use crate::order::Side;
 use crate::position::Position;
 
 /// The kind of every row written today (the event type is
@@ -103,102 +103,30 @@ pub struct Claim {
     pub rows: Vec<Announcement>,
 }
 
-/// Announcements handed from a store's `execute` to its process's
-/// dispatcher (`OrderStore::hand_over_announcements`): each row is written
-/// already leased for [`Handoff::lease`] (under no claim's token), in the
-/// transaction that executes its order, and handed over here once that
+/// The hand-over of the rows a store's `execute` writes born leased to its
+/// process's dispatcher (`OrderStore::hand_over_announcements`): each row
+/// is written already leased for its `lease` (under no claim's token), in
+/// the transaction that executes its order, and handed over once that
 /// transaction has committed. The dispatcher sends it as it is, with no
-/// claim: on SQLite a claim rewrote every row of its round, and its
-/// statement was prepared again on every call (its bound `LIMIT`), a fifth
-/// of what dispatch added to a first delivery's CPU (docs/benchmarks.md,
-/// "Born leased").
+/// claim (on SQLite a claim rewrote every row of its round, and its
+/// statement was prepared again on every call, its bound `LIMIT`: a fifth
+/// of what dispatch added to a first delivery's CPU, docs/benchmarks.md,
+/// "Born leased"); which births it sends, and within what time, are the
+/// outbox's lease rules (`crate::outbox::lease`).
 ///
 /// Nothing here is needed for correctness: a row never handed over (the
 /// caller gone before it, the hand-off full, the process dead) or taken too
 /// late to send within its lease is claimed like any other once its lease
 /// ends. The lease column, not this memory, keeps one dispatcher per row.
-#[derive(Debug)]
-pub struct Handoff {
-    /// How long a row is born leased.
-    pub lease: Duration,
-    born: Mutex<VecDeque<Birth>>,
-    /// Rows not handed over because it was full (cumulative).
-    refused: AtomicU64,
-}
+pub type Handoff = crate::handoff::Handoff<Birth>;
 
 /// A row handed over, and when its lease ends by this process's monotonic
 /// clock (timed from the instant the row's lease is, to within the
-/// millisecond the row's text keeps; sends end half a lease before it).
+/// millisecond the row's text keeps).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Birth {
     pub row: Announcement,
     pub leased_until: Instant,
-}
-
-impl Handoff {
-    /// Rows held at most; past it a row is not handed over and waits for
-    /// its lease to end (a dispatcher that far behind is failing to send).
-    pub const CAPACITY: usize = 16_384;
-
-    pub fn new(lease: Duration) -> Handoff {
-        Handoff {
-            lease,
-            born: Mutex::new(VecDeque::new()),
-            refused: AtomicU64::new(0),
-        }
-    }
-
-    /// A committed row, for the dispatcher; `false` when full (the row then
-    /// waits for its lease to end, and [`Self::refused`] counts it).
-    pub fn hand(&self, birth: Birth) -> bool {
-        let mut born = self.born.lock().unwrap_or_else(|e| e.into_inner());
-        if born.len() >= Self::CAPACITY {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return false;
-        }
-        born.push_back(birth);
-        true
-    }
-
-    /// The oldest rows handed over, at most `limit` (a round's worth: a
-    /// round's mark is one writer call, which the orders wait behind).
-    pub fn take(&self, limit: usize) -> Vec<Birth> {
-        let mut born = self.born.lock().unwrap_or_else(|e| e.into_inner());
-        let n = born.len().min(limit);
-        born.drain(..n).collect()
-    }
-
-    /// Rows not handed over because the hand-off was full, so far.
-    pub fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
-    }
-}
-
-/// Which of `births` to send from memory at `now`, and how long the sends
-/// may take. A claimed round stops sending at half its lease; so does
-/// this one, counted from the oldest row it sends. A row is sent only
-/// while that leaves a quarter of the lease or more (it was born at most a
-/// quarter of the lease ago); older ones, and every one when the lease is
-/// zero, are left to a claim once their lease ends. Pure.
-pub fn sendable(
-    births: Vec<Birth>,
-    now: Instant,
-    lease: Duration,
-) -> (Vec<Announcement>, Duration) {
-    let mut window = lease / 2;
-    let mut rows = Vec::with_capacity(births.len());
-    for birth in births {
-        // The send must end while at least half the lease is left.
-        let left = birth
-            .leased_until
-            .saturating_duration_since(now)
-            .saturating_sub(lease / 2);
-        if left >= lease / 4 && !left.is_zero() {
-            window = window.min(left);
-            rows.push(birth.row);
-        }
-    }
-    (rows, window)
 }
 
 /// What happens to a row whose send failed.
@@ -212,6 +140,41 @@ pub struct Deferral {
     /// Left for an operator: the destination refused this row for good
     /// (too large, say), or it failed too many times.
     pub park: bool,
+}
+
+/// Which rows past the retention a purge deletes (`OrderStore::purge_announced`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    /// Rows dispatched more than the retention ago; a row not sent waits
+    /// for its destination however long (a destination down for a month
+    /// keeps a month of rows).
+    Sent,
+    /// Those, and rows due for more than the retention and never sent
+    /// (neither parked nor leased): with no destination nothing sends
+    /// them, and a destination set later sends what fell due within the
+    /// retention, not the whole history.
+    SentAndUnsent,
+}
+
+/// The positions right after each of one position's executions, latest
+/// first, walking back from the position `now` through them
+/// (`latest_first`: each execution's side and quantity): the first is
+/// `now`, each next one that less the change of the execution after it.
+/// What `outbox backfill` writes as the `positionAfter` of an execution
+/// announced late. `None` if a step leaves `DECIMAL(38,10)` (a position
+/// that no sequence of executions reached). Pure.
+pub fn positions_after(now: Position, latest_first: &[(Side, Decimal)]) -> Option<Vec<Position>> {
+    let mut after = Vec::with_capacity(latest_first.len());
+    let mut current = now;
+    for (side, quantity) in latest_first {
+        after.push(current);
+        let change = Position::change_of(*side, *quantity);
+        current = current
+            .units()
+            .checked_sub(change.units())
+            .and_then(Position::from_units)?;
+    }
+    Some(after)
 }
 
 /// Which rows `announcements` lists.
@@ -253,73 +216,27 @@ mod tests {
     /// never change.
     const PINNED_ORD_1: &str = "eec40ef8-f4e4-53b0-b4e0-bffbccde185c";
 
-    /// Sent from memory: rows with at least three quarters of their lease
-    /// left; the sends end while half of the oldest one's is left.
     #[test]
-    fn births_are_sent_from_memory_only_while_their_lease_leaves_time() {
-        let now = Instant::now();
-        let lease = Duration::from_secs(40);
-        let birth = |id: &str, left: u64| Birth {
-            row: Announcement::sample(id),
-            leased_until: now + Duration::from_secs(left),
-        };
-        let (rows, window) = sendable(
-            vec![birth("fresh", 40), birth("older", 35), birth("stale", 29)],
-            now,
-            lease,
-        );
-        let ids: Vec<&str> = rows.iter().map(|r| r.order_id.as_str()).collect();
+    fn positions_after_walk_back_from_now_through_each_execution() {
+        let d = |s: &str| s.parse::<Decimal>().unwrap();
+        let p = |s: &str| s.parse::<Position>().unwrap();
+        // Executed in order: buy 5, sell 1.5, buy 0.0000000001; now 3.5000000001.
+        let latest_first = [
+            (Side::Buy, d("0.0000000001")),
+            (Side::Sell, d("1.5")),
+            (Side::Buy, d("5")),
+        ];
         assert_eq!(
-            ids,
-            ["fresh", "older"],
-            "in their order; the stale one left"
+            positions_after(p("3.5000000001"), &latest_first),
+            Some(vec![p("3.5000000001"), p("3.5"), p("5")])
         );
+        assert_eq!(positions_after(p("7"), &[]), Some(vec![]));
+        // A walk that leaves DECIMAL(38,10): no such history.
+        let top = Position::from_units(10_i128.pow(38) - 1).unwrap();
         assert_eq!(
-            window,
-            Duration::from_secs(15),
-            "35 s left, less half the lease"
+            positions_after(top, &[(Side::Sell, d("1")), (Side::Sell, d("1"))]),
+            None
         );
-        let (rows, window) = sendable(vec![birth("fresh", 40)], now, lease);
-        assert_eq!((rows.len(), window), (1, Duration::from_secs(20)));
-        // A lease of 30 s (the default): a quarter is the least window.
-        let (rows, window) = sendable(
-            vec![birth("edge", 23)],
-            now + Duration::from_millis(500),
-            Duration::from_secs(30),
-        );
-        assert_eq!((rows.len(), window), (1, Duration::from_millis(7_500)));
-        let (rows, _) = sendable(
-            vec![birth("gone", 23)],
-            now + Duration::from_millis(501),
-            Duration::from_secs(30),
-        );
-        assert!(rows.is_empty());
-        // Past its lease, or none at all: left to a claim.
-        let (rows, window) = sendable(vec![birth("past", 0)], now + lease, lease);
-        assert!(rows.is_empty());
-        assert_eq!(window, lease / 2);
-        assert!(sendable(vec![birth("zero", 0)], now, Duration::ZERO)
-            .0
-            .is_empty());
-    }
-
-    #[test]
-    fn a_full_hand_off_refuses_and_counts_a_row_and_take_gives_a_rounds_worth() {
-        let h = Handoff::new(Duration::from_secs(30));
-        let birth = Birth {
-            row: Announcement::sample("o"),
-            leased_until: Instant::now(),
-        };
-        for _ in 0..Handoff::CAPACITY {
-            assert!(h.hand(birth.clone()));
-        }
-        assert_eq!(h.refused(), 0);
-        assert!(!h.hand(birth.clone()), "full: the row waits for its lease");
-        assert_eq!(h.refused(), 1);
-        assert_eq!(h.take(64).len(), 64, "a round's worth");
-        assert_eq!(h.take(usize::MAX).len(), Handoff::CAPACITY - 64);
-        assert!(h.take(64).is_empty());
-        assert!(h.hand(birth));
     }
 
     #[test]

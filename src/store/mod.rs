@@ -38,8 +38,8 @@ use crate::order::{
 use crate::position::{Overflow, Position};
 
 pub use self::announcement::{
-    message_id, sendable, Announcement, Birth, Claim, Deferral, Handoff, Listing, OutboxCounts,
-    Resend, ORDER_EXECUTED,
+    message_id, positions_after, Announcement, Birth, Claim, Deferral, Expired, Handoff, Listing,
+    OutboxCounts, Resend, ORDER_EXECUTED,
 };
 pub use self::sqlite::{
     Pressure, SqliteStore, MAX_GROUP as SQLITE_MAX_GROUP, MAX_QUEUED as SQLITE_MAX_QUEUED,
@@ -304,6 +304,14 @@ pub trait OrderStore: Send + Sync {
         self.migrate().await
     }
 
+    /// What a command that only reads (`status`, `outbox list`) runs
+    /// first: the schema is current, with no right to write asked for (an
+    /// operator's read-only login; on SQL Server the role
+    /// `order_guard_reader`). By default [`OrderStore::migrate`].
+    async fn check_for_reading(&self) -> Result<(), StoreError> {
+        self.migrate().await
+    }
+
     /// This database's identity ([`bound_identity`]): made once with the
     /// schema and bound to where the database lives, so an in-place restore
     /// keeps it and a copy or another database has another. What binds the
@@ -370,9 +378,16 @@ pub trait OrderStore: Send + Sync {
     ) -> Result<(), StoreError>;
 
     /// Delete up to `limit` announcements dispatched more than `retention`
-    /// ago, oldest first, in one short transaction; answers how many. One
-    /// instance at a time (another's call meanwhile deletes nothing).
-    async fn purge_announced(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
+    /// ago, oldest first, and with [`Expired::SentAndUnsent`] those due
+    /// for more than `retention` and never sent, in one short transaction;
+    /// answers how many. One instance at a time (another's call meanwhile
+    /// deletes nothing).
+    async fn purge_announced(
+        &self,
+        retention: Duration,
+        limit: u32,
+        expired: Expired,
+    ) -> Result<u64, StoreError>;
 
     /// Announcements, for `outbox list`, `status` and audits (at most `limit`).
     async fn announcements(
@@ -392,6 +407,20 @@ pub trait OrderStore: Send + Sync {
     /// now, as they were (same id, same `Seq`), so the dispatchers send
     /// them again; answers how many.
     async fn resend_announcements(&self, which: &Resend) -> Result<u64, StoreError>;
+
+    /// `outbox backfill`: give the orders executed `within` ago or later
+    /// that have no announcement (executed by an earlier version's
+    /// instances, which wrote none) the one their execution would have
+    /// written: the same message id, its facts, the position right after
+    /// it; a new sequence, above every earlier one, in their execution
+    /// order. Born due, for the serving instances' dispatchers. With
+    /// `write` false only counts them. Answers how many; once given, an
+    /// order is never given another.
+    async fn backfill_announcements(
+        &self,
+        within: Duration,
+        write: bool,
+    ) -> Result<u64, StoreError>;
 
     /// What the store can show of its load, for telemetry's gauges (no I/O;
     /// nothing by default).

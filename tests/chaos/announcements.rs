@@ -9,8 +9,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use rust_decimal::Decimal;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -60,6 +62,15 @@ pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> Announce
         }
     }
     a.distinct = copies.len();
+    let mut sequenced = Vec::new();
+    for (id, texts) in &copies {
+        let event: Value = serde_json::from_str(texts[0]).unwrap_or_default();
+        match Sequenced::of(id, &event) {
+            Ok(s) => sequenced.push(s),
+            Err(e) => a.findings.push(e),
+        }
+    }
+    a.findings.extend(sequence_findings(&sequenced));
     for (id, texts) in &copies {
         a.extra_copies += texts.len() - 1;
         if texts.iter().any(|t| *t != texts[0]) {
@@ -100,6 +111,95 @@ pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> Announce
         }
     }
     a
+}
+
+/// What the sequence of one announcement says, from its event's `data`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Sequenced {
+    pub(crate) id: String,
+    pub(crate) sequence: i64,
+    pub(crate) account: String,
+    pub(crate) symbol: String,
+    /// The order's change to the position: its quantity, negated for a sell.
+    pub(crate) change: Decimal,
+    pub(crate) position_after: Decimal,
+}
+
+impl Sequenced {
+    fn of(id: &str, event: &Value) -> Result<Sequenced, String> {
+        let d = &event["data"];
+        let text = |field: &str| {
+            d[field]
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| format!("announcement {id}: no {field}: {d}"))
+        };
+        let number = |field: &str| {
+            let t = text(field)?;
+            Decimal::from_str(&t).map_err(|e| format!("announcement {id}: {field} {t:?}: {e}"))
+        };
+        let quantity = number("quantity")?;
+        Ok(Sequenced {
+            id: id.to_string(),
+            sequence: d["sequence"]
+                .as_i64()
+                .ok_or_else(|| format!("announcement {id}: no sequence: {d}"))?,
+            account: text("accountId")?,
+            symbol: text("symbol")?,
+            change: if text("side")? == "sell" {
+                -quantity
+            } else {
+                quantity
+            },
+            position_after: number("positionAfter")?,
+        })
+    }
+}
+
+/// What the outbox promises of `data.sequence` (docs/outbox.md, "Order"
+/// and "The sequence never goes back"), checked over every distinct
+/// announcement delivered (one per id: copies of an id are the same bytes,
+/// checked apart): no two ids share a sequence; and one position's
+/// announcements in sequence order are its executions in the order they
+/// ran, each position after the one before plus its change, from zero
+/// (a run's positions start empty). Delivery order is not checked: packs
+/// go several at a time, and a deferred or re-sent row arrives after
+/// later ones, as the docs say; a consumer orders by the sequence. Pure.
+pub(crate) fn sequence_findings(announced: &[Sequenced]) -> Vec<String> {
+    let mut findings = Vec::new();
+    let mut by_sequence: BTreeMap<i64, &str> = BTreeMap::new();
+    for a in announced {
+        if let Some(other) = by_sequence.insert(a.sequence, &a.id) {
+            if other != a.id {
+                findings.push(format!(
+                    "sequence {} names two announcements: {other} and {}",
+                    a.sequence, a.id
+                ));
+            }
+        }
+    }
+    let mut positions: BTreeMap<(&str, &str), Vec<&Sequenced>> = BTreeMap::new();
+    for a in announced {
+        positions
+            .entry((&a.account, &a.symbol))
+            .or_default()
+            .push(a);
+    }
+    for ((account, symbol), mut rows) in positions {
+        rows.sort_by_key(|a| a.sequence);
+        let mut position = Decimal::ZERO;
+        for a in rows {
+            position += a.change;
+            if a.position_after != position {
+                findings.push(format!(
+                    "position {account}/{symbol}: announcement {} (sequence {}) says {} after it, its executions in sequence order make {position}: the sequence is not the execution order",
+                    a.id, a.sequence, a.position_after
+                ));
+                position = a.position_after;
+            }
+        }
+    }
+    findings
 }
 
 /// `order-guard <args>` with the handlers' settings but no fault points
@@ -205,5 +305,65 @@ pub(crate) async fn dispatch_until_done(
         );
         // Waiting out the lease of a killed dispatcher: its end is a time.
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, sequence: i64, symbol: &str, change: &str, after: &str) -> Sequenced {
+        Sequenced {
+            id: id.into(),
+            sequence,
+            account: "A".into(),
+            symbol: symbol.into(),
+            change: Decimal::from_str(change).unwrap(),
+            position_after: Decimal::from_str(after).unwrap(),
+        }
+    }
+
+    /// Two positions of one account interleaved, listed in any order (as
+    /// delivered): the sequence gives each position's execution order.
+    fn history() -> Vec<Sequenced> {
+        vec![
+            row("b2", 5, "B", "-1", "1"),
+            row("a1", 1, "A", "5", "5"),
+            row("b1", 2, "B", "2", "2"),
+            row("a3", 7, "A", "0.5", "3.5"),
+            row("a2", 3, "A", "-2", "3"),
+        ]
+    }
+
+    #[test]
+    fn a_history_in_execution_order_passes_whatever_the_delivery_order() {
+        assert_eq!(sequence_findings(&history()), Vec::<String>::new());
+        let mut reversed = history();
+        reversed.reverse();
+        assert_eq!(sequence_findings(&reversed), Vec::<String>::new());
+        assert_eq!(sequence_findings(&[]), Vec::<String>::new());
+    }
+
+    /// Mutations the check must catch: a sequence handed out twice, and
+    /// two executions of a position numbered against their order.
+    #[test]
+    fn a_reused_or_reordered_sequence_is_a_finding() {
+        let mut reused = history();
+        reused[3].sequence = 2; // a3 takes b1's number
+        let found = sequence_findings(&reused);
+        assert!(
+            found.iter().any(|f| f.contains("sequence 2 names two")),
+            "{found:?}"
+        );
+        let mut swapped = history();
+        swapped[1].sequence = 3; // a1 and a2 numbered against their order
+        swapped[4].sequence = 1;
+        let found = sequence_findings(&swapped);
+        assert!(
+            found
+                .iter()
+                .any(|f| f.contains("position A/A") && f.contains("not the execution order")),
+            "{found:?}"
+        );
     }
 }

@@ -60,7 +60,8 @@ fn the_batches_keep_their_shape() {
             sql::CLAIM_ANNOUNCEMENTS,
             sql::PURGE_ANNOUNCED,
             sql::RETRY_ANNOUNCEMENTS,
-            sql::RESEND_ANNOUNCEMENTS
+            sql::RESEND_ANNOUNCEMENTS,
+            sql::BACKFILL_READ
         ]
     );
     // The purge's lock is read and owned by its transaction: a purge that

@@ -616,8 +616,13 @@ impl OrderStore for SqliteStore {
             .await
     }
 
-    async fn purge_announced(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
-        self.with_relaxed(move |conn| outbox::purge(conn, retention, limit))
+    async fn purge_announced(
+        &self,
+        retention: Duration,
+        limit: u32,
+        expired: super::Expired,
+    ) -> Result<u64, StoreError> {
+        self.with_relaxed(move |conn| outbox::purge(conn, retention, limit, expired))
             .await
     }
 
@@ -644,6 +649,21 @@ impl OrderStore for SqliteStore {
     async fn resend_announcements(&self, which: &Resend) -> Result<u64, StoreError> {
         let which = which.clone();
         self.with(move |conn| outbox::resend(conn, &which)).await
+    }
+
+    async fn backfill_announcements(
+        &self,
+        within: Duration,
+        write: bool,
+    ) -> Result<u64, StoreError> {
+        // The count only reads: on the read connection, off the writer.
+        if write {
+            self.with(move |conn| outbox::backfill(conn, within, true))
+                .await
+        } else {
+            self.read(move |conn| outbox::backfill(conn, within, false))
+                .await
+        }
     }
 
     fn load(&self) -> StoreLoad {

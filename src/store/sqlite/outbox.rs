@@ -10,9 +10,11 @@ use rusqlite::{params, Connection, Row};
 
 use super::{decimal, position, NOW};
 use crate::order::Order;
+use crate::order::Side;
 use crate::position::Position;
 use crate::store::{
-    message_id, Announcement, Deferral, Listing, OutboxCounts, Resend, ORDER_EXECUTED,
+    message_id, positions_after, Announcement, Deferral, Expired, Listing, OutboxCounts, Resend,
+    ORDER_EXECUTED,
 };
 
 /// `strftime` of now plus a signed SQLite modifier (`?n` = `+1.500 seconds`).
@@ -232,18 +234,37 @@ pub(super) fn defer(
 }
 
 /// The retention's delete: up to `limit` rows dispatched more than
-/// `retention` ago, oldest first, but never the row of the highest `Seq`.
-/// `Seq` is SQLite's rowid (`INTEGER PRIMARY KEY`): a new row takes one
-/// past the highest kept, so the top row kept for good is what makes a
-/// new announcement's `sequence` greater than every one sent before,
-/// whatever the purge deleted (`AUTOINCREMENT` would do it with a write to
-/// `sqlite_sequence` in every execution's commit; this costs one row).
+/// `retention` ago, oldest first, and with [`Expired::SentAndUnsent`] (no
+/// destination) up to the rest of `limit` due for more than `retention`
+/// and never sent (not parked, not leased: on the due rows' index), but
+/// never the row of the highest `Seq`. `Seq` is SQLite's rowid (`INTEGER
+/// PRIMARY KEY`): a new row takes one past the highest kept, so the top
+/// row kept for good is what makes a new announcement's `sequence` greater
+/// than every one sent before, whatever the purge deleted
+/// (`AUTOINCREMENT` would do it with a write to `sqlite_sequence` in every
+/// execution's commit; this costs one row).
+/// The unsent rows' delete (no destination): `?1` the retention as a date
+/// modifier, `?2` the most rows; found on the due rows' index
+/// (`IX_Outbox_Due`, a test reads the plan), oldest due first.
+fn purge_unsent_sql() -> String {
+    format!(
+        "DELETE FROM Outbox
+          WHERE Seq IN (SELECT Seq FROM Outbox
+                         WHERE DispatchedAt IS NULL AND NextAttemptAt < {}
+                           AND Parked = 0 AND LeaseUntil <= {NOW}
+                           AND Seq < (SELECT MAX(Seq) FROM Outbox)
+                         ORDER BY NextAttemptAt, Seq LIMIT ?2)",
+        now_plus(1)
+    )
+}
+
 pub(super) fn purge(
     conn: &Connection,
     retention: Duration,
     limit: u32,
+    expired: Expired,
 ) -> Result<u64, rusqlite::Error> {
-    let deleted = conn
+    let mut deleted = conn
         .prepare_cached(&format!(
             "DELETE FROM Outbox
               WHERE Seq IN (SELECT Seq FROM Outbox
@@ -253,7 +274,124 @@ pub(super) fn purge(
             now_plus(1)
         ))?
         .execute(params![modifier(retention, '-'), limit])?;
+    let left = (limit as usize).saturating_sub(deleted);
+    if expired == Expired::SentAndUnsent && left > 0 {
+        deleted += conn
+            .prepare_cached(&purge_unsent_sql())?
+            .execute(params![modifier(retention, '-'), left])?;
+    }
     Ok(deleted as u64)
+}
+
+/// `outbox backfill`: the orders executed `within` ago or later that have
+/// no announcement (executed by an earlier version, which wrote none) get
+/// one, as their execution would have written it, oldest first (so their
+/// new `Seq`s follow their execution order); with `write` false only
+/// counted. In one writer call, so no execution lands between the reads
+/// and the writes: each `PositionAfter` is the position now walked back
+/// through the position's later executions ([`positions_after`]; two in
+/// one millisecond taken in the order their rows were inserted). Answers
+/// how many.
+pub(super) fn backfill(
+    conn: &Connection,
+    within: Duration,
+    write: bool,
+) -> Result<u64, rusqlite::Error> {
+    let since: String = conn.query_row(
+        &format!("SELECT {}", now_plus(1)),
+        [modifier(within, '-')],
+        |r| r.get(0),
+    )?;
+    // The executions of a position since `since`, latest first, each
+    // marked whether it has an announcement; only positions with one
+    // that has none.
+    let mut select = conn.prepare(
+        "SELECT o.AccountId, o.Symbol, o.OrderId, o.Side, o.Quantity,
+                NOT EXISTS (SELECT 1 FROM Outbox AS x WHERE x.OrderId = o.OrderId),
+                COALESCE(p.Quantity, '0')
+           FROM Orders AS o
+           LEFT JOIN Positions AS p ON p.AccountId = o.AccountId AND p.Symbol = o.Symbol
+          WHERE o.Status = 'Executed' AND o.ExecutedAt >= ?1
+            AND EXISTS (SELECT 1 FROM Orders AS u
+                         WHERE u.AccountId = o.AccountId AND u.Symbol = o.Symbol
+                           AND u.Status = 'Executed' AND u.ExecutedAt >= ?1
+                           AND NOT EXISTS (SELECT 1 FROM Outbox AS y WHERE y.OrderId = u.OrderId))
+          ORDER BY o.AccountId, o.Symbol, o.ExecutedAt DESC, o.Id DESC",
+    )?;
+    struct Executed {
+        position: (String, String),
+        order_id: String,
+        side: Side,
+        quantity: rust_decimal::Decimal,
+        unannounced: bool,
+        now: String,
+    }
+    let rows: Vec<Executed> = select
+        .query_map([&since], |r| {
+            let side: String = r.get(3)?;
+            Ok(Executed {
+                position: (r.get(0)?, r.get(1)?),
+                order_id: r.get(2)?,
+                side: side
+                    .parse()
+                    .map_err(|e: String| super::protocol_error(format!("Orders.Side: {e}")))?,
+                quantity: decimal(&r.get::<_, String>(4)?)?,
+                unannounced: r.get(5)?,
+                now: r.get(6)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    let count = rows.iter().filter(|e| e.unannounced).count() as u64;
+    if !write || count == 0 {
+        return Ok(count);
+    }
+    let mut after = std::collections::HashMap::new();
+    for group in rows.chunk_by(|a, b| a.position == b.position) {
+        let now = super::position(&group[0].now)?;
+        let steps: Vec<(Side, rust_decimal::Decimal)> =
+            group.iter().map(|e| (e.side, e.quantity)).collect();
+        let positions = positions_after(now, &steps).ok_or_else(|| {
+            super::protocol_error(format!(
+                "the executions of account {:?} in {:?} do not lead to its position {now}",
+                group[0].position.0, group[0].position.1
+            ))
+        })?;
+        for (e, p) in group.iter().zip(positions) {
+            if e.unannounced {
+                after.insert(e.order_id.clone(), p);
+            }
+        }
+    }
+    let now = super::instant_text(std::time::SystemTime::now());
+    let mut insert = conn.prepare(
+        "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
+                             PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt,
+                             LeaseUntil)
+         SELECT ?1, ?2, OrderId, AccountId, Side, Symbol, Quantity, ?3, Fingerprint, ExecutedAt,
+                ?4, ?4, ?4
+           FROM Orders WHERE OrderId = ?5",
+    )?;
+    let mut oldest_first: Vec<String> = conn
+        .prepare(
+            "SELECT o.OrderId FROM Orders AS o
+              WHERE o.Status = 'Executed' AND o.ExecutedAt >= ?1
+                AND NOT EXISTS (SELECT 1 FROM Outbox AS x WHERE x.OrderId = o.OrderId)
+              ORDER BY o.ExecutedAt, o.Id",
+        )?
+        .query_map([&since], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    oldest_first.retain(|id| after.contains_key(id));
+    let mut written = 0;
+    for id in &oldest_first {
+        written += insert.execute(params![
+            message_id(id),
+            ORDER_EXECUTED,
+            after[id].to_string(),
+            now,
+            id
+        ])?;
+    }
+    Ok(written as u64)
 }
 
 pub(super) fn list(
@@ -331,7 +469,110 @@ pub(super) fn resend(conn: &Connection, which: &Resend) -> Result<u64, rusqlite:
 
 #[cfg(test)]
 mod tests {
-    use super::runs;
+    use super::*;
+
+    /// A migrated database in memory holding one row per `(order, due)`:
+    /// undispatched, due since `due` (a SQLite date modifier), in order.
+    fn outbox_of(rows: &[(&str, &str)]) -> Connection {
+        let mut conn = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&mut conn).unwrap();
+        for (order, due) in rows {
+            conn.execute(
+                &format!(
+                    "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol,
+                         Quantity, PositionAfter, Fingerprint, ExecutedAt, CreatedAt,
+                         NextAttemptAt, LeaseUntil)
+                     VALUES (?1, 'OrderExecuted', ?2, 'a', 'buy', 's', '1', '1', 'f', {NOW},
+                             {NOW}, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?3), {NOW})"
+                ),
+                params![message_id(order), order, due],
+            )
+            .unwrap();
+        }
+        conn
+    }
+
+    fn orders(conn: &Connection) -> Vec<String> {
+        let mut select = conn
+            .prepare("SELECT OrderId FROM Outbox ORDER BY Seq")
+            .unwrap();
+        let orders = select
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        orders
+    }
+
+    /// With no destination, the rows due past the retention and never
+    /// sent go, oldest due first, up to the limit; parked and leased ones
+    /// stay; and never the row of the highest `Seq`, the sequence's mark,
+    /// even when it too is past the retention.
+    #[test]
+    fn the_unsent_purge_keeps_parked_leased_and_the_sequences_mark() {
+        let day = Duration::from_secs(86_400);
+        let conn = outbox_of(&[
+            ("old", "-3 days"),
+            ("older", "-4 days"),
+            ("parked", "-3 days"),
+            ("leased", "-3 days"),
+            ("recent", "-1 hours"),
+            ("last", "-2 days"),
+        ]);
+        conn.execute_batch(
+            "UPDATE Outbox SET Parked = 1 WHERE OrderId = 'parked';
+             UPDATE Outbox SET LeaseUntil = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+1 minutes')
+              WHERE OrderId = 'leased';",
+        )
+        .unwrap();
+        assert_eq!(purge(&conn, day, 500, Expired::Sent).unwrap(), 0);
+        assert_eq!(purge(&conn, day, 1, Expired::SentAndUnsent).unwrap(), 1);
+        assert_eq!(
+            orders(&conn),
+            ["old", "parked", "leased", "recent", "last"],
+            "the oldest due first, one call's limit"
+        );
+        assert_eq!(purge(&conn, day, 500, Expired::SentAndUnsent).unwrap(), 1);
+        assert_eq!(
+            orders(&conn),
+            ["parked", "leased", "recent", "last"],
+            "the last row kept though past the retention: the sequence's mark"
+        );
+        let top: i64 = conn
+            .query_row("SELECT MAX(Seq) FROM Outbox", [], |r| r.get(0))
+            .unwrap();
+        conn.execute(
+            &format!(
+                "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
+                     PositionAfter, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt, LeaseUntil)
+                 VALUES ('m', 'OrderExecuted', 'next', 'a', 'buy', 's', '1', '1', 'f', {NOW},
+                         {NOW}, {NOW}, {NOW})"
+            ),
+            [],
+        )
+        .unwrap();
+        assert_eq!(conn.last_insert_rowid(), top + 1);
+    }
+
+    /// The unsent rows' purge seeks the due rows' index from its oldest
+    /// end, rather than scanning the table an hour at a time.
+    #[test]
+    fn the_unsent_purge_reads_the_due_rows_index() {
+        let conn = outbox_of(&[]);
+        let mut explain = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", purge_unsent_sql()))
+            .unwrap();
+        let mut rows = explain.raw_query();
+        let mut plan = Vec::new();
+        while let Some(r) = rows.next().unwrap() {
+            plan.push(r.get::<_, String>(3).unwrap());
+        }
+        let plan = plan.join("; ");
+        assert!(
+            plan.contains("USING INDEX IX_Outbox_Due (NextAttemptAt<?)"),
+            "{plan}"
+        );
+    }
 
     #[test]
     fn runs_are_the_consecutive_stretches_of_a_rounds_rows() {

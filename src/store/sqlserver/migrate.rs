@@ -161,6 +161,15 @@ pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated
     Ok(done)
 }
 
+/// [`sql::reader_role_batches`]: the operator's read-only role and its
+/// grants, made or made again (the admin's `migrate`, every run).
+pub async fn make_reader_role(client: &mut Client) -> Result<(), SqlError> {
+    for batch in sql::reader_role_batches() {
+        run(client, &batch).await?;
+    }
+    Ok(())
+}
+
 async fn run_migration(client: &mut Client, batch_rows: u32) -> Result<u64, SqlError> {
     let migration = sql::migration();
     run(client, sql::BEGIN).await?;

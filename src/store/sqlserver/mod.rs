@@ -203,15 +203,13 @@ impl SqlServerStore {
     /// Migrate within `bound` (the server waits at most three quarters of
     /// it for another process's migration lock), then check this user's
     /// rights; open the schema gate only when both succeed. `hint` says
-    /// what to do when the bound passes first. `rights_refuse`: a missing
-    /// right refuses (a start of the app) or is only said (the admin's
-    /// `order-guard migrate`: an admin who may change the schema need not
-    /// hold the app's table rights, and the migration is done).
+    /// what to do when the bound passes first. `app_rights`: what a
+    /// missing right of the app's does ([`rights::AppRights`]).
     async fn migrate_within(
         &self,
         bound: Duration,
         hint: &str,
-        rights_refuse: bool,
+        app_rights: rights::AppRights,
     ) -> Result<(), StoreError> {
         let bounds = migrate::Bounds {
             lock_wait: bound * 3 / 4,
@@ -254,17 +252,21 @@ impl SqlServerStore {
             }
             Err(e) => return Err(e),
         }
-        let rights = self
-            .with_client("check rights", self.query_timeout, |call| {
-                Box::pin(rights::check_on(call.client))
-            })
-            .await?;
-        match rights::refusal(&rights) {
-            Some(refusal) if rights_refuse => return Err(StoreError::Misconfigured(refusal)),
-            Some(refusal) => log::warn!(
-                "migrate: the schema is up to date; this user could not run the app itself: {refusal}"
-            ),
-            None => {}
+        if app_rights != rights::AppRights::NotNeeded {
+            let rights = self
+                .with_client("check rights", self.query_timeout, |call| {
+                    Box::pin(rights::check_on(call.client))
+                })
+                .await?;
+            match rights::refusal(&rights) {
+                Some(refusal) if app_rights == rights::AppRights::Required => {
+                    return Err(StoreError::Misconfigured(refusal))
+                }
+                Some(refusal) => log::warn!(
+                    "migrate: the schema is up to date; this user could not run the app itself: {refusal}"
+                ),
+                None => {}
+            }
         }
         self.schema_verified.store(true, Ordering::Release);
         Ok(())
@@ -505,7 +507,7 @@ impl OrderStore for SqlServerStore {
             self.query_timeout * 3,
             "run `order-guard migrate` as the database admin (its bound is \
              SQL_MIGRATE_TIMEOUT_SECONDS; a start's is 3 × SQL_QUERY_TIMEOUT_SECONDS)",
-            true,
+            rights::AppRights::Required,
         )
         .await
     }
@@ -514,7 +516,21 @@ impl OrderStore for SqlServerStore {
         self.migrate_within(
             self.migrate_timeout,
             "run `order-guard migrate` again, or raise SQL_MIGRATE_TIMEOUT_SECONDS",
-            false,
+            rights::AppRights::Said,
+        )
+        .await?;
+        // The operator's read-only role, on an existing schema too.
+        self.with_client("make the reader role", self.query_timeout, |call| {
+            Box::pin(migrate::make_reader_role(call.client))
+        })
+        .await
+    }
+
+    async fn check_for_reading(&self) -> Result<(), StoreError> {
+        self.migrate_within(
+            self.query_timeout * 3,
+            "run `order-guard migrate` as the database admin",
+            rights::AppRights::NotNeeded,
         )
         .await
     }
@@ -620,10 +636,15 @@ impl OrderStore for SqlServerStore {
         .await
     }
 
-    async fn purge_announced(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
+    async fn purge_announced(
+        &self,
+        retention: Duration,
+        limit: u32,
+        expired: super::Expired,
+    ) -> Result<u64, StoreError> {
         self.schema_gate("purge announcements")?;
         self.with_client("purge announcements", self.query_timeout, |call| {
-            Box::pin(outbox::purge(call.client, retention, limit))
+            Box::pin(outbox::purge(call.client, retention, limit, expired))
         })
         .await
     }
@@ -660,6 +681,21 @@ impl OrderStore for SqlServerStore {
         self.schema_gate("resend announcements")?;
         self.with_client("resend announcements", self.query_timeout, |call| {
             Box::pin(outbox::resend(call.client, which))
+        })
+        .await
+    }
+
+    async fn backfill_announcements(
+        &self,
+        within: Duration,
+        write: bool,
+    ) -> Result<u64, StoreError> {
+        self.schema_gate("backfill announcements")?;
+        // An operator's scan of the orders and a write a row: longer than
+        // an execution's bound.
+        let bound = self.query_timeout.max(Duration::from_secs(300));
+        self.with_client("backfill announcements", bound, |call| {
+            Box::pin(outbox::backfill(call.client, within, write))
         })
         .await
     }

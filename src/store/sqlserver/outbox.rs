@@ -9,8 +9,11 @@ use tiberius::Row;
 
 use super::pool::Client;
 use super::{conversion, decimal, int, opt_text, sql, text, utc};
+use crate::order::Side;
 use crate::position::Position;
-use crate::store::{Announcement, Deferral, Listing, OutboxCounts, Resend};
+use crate::store::{
+    positions_after, Announcement, Deferral, Expired, Listing, OutboxCounts, Resend,
+};
 
 fn millis(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
@@ -116,11 +119,13 @@ pub(super) async fn purge(
     client: &mut Client,
     retention: Duration,
     limit: u32,
+    expired: Expired,
 ) -> Result<u64, tiberius::error::Error> {
     let seconds = i32::try_from(retention.as_secs()).unwrap_or(i32::MAX);
     let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+    let unsent = i32::from(expired == Expired::SentAndUnsent);
     let result = client
-        .query(sql::PURGE_ANNOUNCED, &[&seconds, &limit])
+        .query(sql::PURGE_ANNOUNCED, &[&seconds, &limit, &unsent])
         .await?
         .into_results()
         .await?;
@@ -216,4 +221,88 @@ pub(super) async fn resend(
             .await?,
     )
     .await
+}
+
+/// `outbox backfill` (`OrderStore::backfill_announcements`): one read of
+/// the positions concerned and their executions since `within` ago, the
+/// positions after each computed here ([`positions_after`]), then one
+/// insert per order without an announcement, oldest first, each skipped
+/// if its message id has a row by then.
+pub(super) async fn backfill(
+    client: &mut Client,
+    within: Duration,
+    write: bool,
+) -> Result<u64, tiberius::error::Error> {
+    let seconds = i32::try_from(within.as_secs()).unwrap_or(i32::MAX);
+    let rows = client
+        .query(sql::BACKFILL_READ, &[&seconds])
+        .await?
+        .into_results()
+        .await?;
+    struct Executed {
+        position: (String, String),
+        order_id: String,
+        side: Side,
+        quantity: rust_decimal::Decimal,
+        unannounced: bool,
+        units: String,
+        rank: i64,
+    }
+    let mut executed = Vec::new();
+    for r in rows.iter().flatten() {
+        let side = text(r, 3, "Side")?;
+        executed.push(Executed {
+            position: (text(r, 0, "AccountId")?, text(r, 1, "Symbol")?),
+            order_id: text(r, 2, "OrderId")?,
+            side: side
+                .parse()
+                .map_err(|e: String| conversion(format!("Orders.Side: {e}")))?,
+            quantity: decimal(r, 4, "Quantity")?,
+            unannounced: r.try_get::<i32, _>(5)?.unwrap_or(0) != 0,
+            units: text(r, 6, "Units")?,
+            rank: int(r, 7, "Rank")?,
+        });
+    }
+    let count = executed.iter().filter(|e| e.unannounced).count() as u64;
+    if !write || count == 0 {
+        return Ok(count);
+    }
+    let mut due = Vec::new();
+    for group in executed.chunk_by(|a, b| a.position == b.position) {
+        let now = group[0]
+            .units
+            .parse::<i128>()
+            .ok()
+            .and_then(Position::from_units)
+            .ok_or_else(|| conversion(format!("Units {:?} is not a position", group[0].units)))?;
+        let steps: Vec<(Side, rust_decimal::Decimal)> =
+            group.iter().map(|e| (e.side, e.quantity)).collect();
+        let after = positions_after(now, &steps).ok_or_else(|| {
+            conversion(format!(
+                "the executions of account {:?} in {:?} do not lead to its position {now}",
+                group[0].position.0, group[0].position.1
+            ))
+        })?;
+        for (e, p) in group.iter().zip(after) {
+            if e.unannounced {
+                due.push((e.rank, e.order_id.clone(), p));
+            }
+        }
+    }
+    due.sort_by_key(|(rank, _, _)| *rank);
+    let mut written = 0;
+    for (_, order_id, after) in &due {
+        let id = crate::store::message_id(order_id);
+        let units = after.units().to_string();
+        written += last_count(
+            client
+                .query(
+                    sql::BACKFILL_WRITE,
+                    &[&id.as_str(), &units.as_str(), &order_id.as_str()],
+                )
+                .await?,
+        )
+        .await?;
+    }
+    Ok(written)
 }

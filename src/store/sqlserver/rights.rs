@@ -11,6 +11,20 @@ use tiberius::error::Error as SqlError;
 use super::pool::Client;
 use super::{opt_text, sql};
 
+/// What a right of [`sql::APP_RIGHTS`] the user lacks does, once the
+/// schema is found current.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppRights {
+    /// A start of the app: it refuses (`StoreError::Misconfigured`).
+    Required,
+    /// The admin's `migrate`: said, not refused (an admin who may change
+    /// the schema need not hold the app's table rights).
+    Said,
+    /// A command that only reads (`status`, `outbox list`): not asked; the
+    /// operator's read-only role ([`sql::READER_ROLE`]) holds none of them.
+    NotNeeded,
+}
+
 /// One right the user lacks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MissingRight {

@@ -242,6 +242,40 @@ pub const APP_RIGHTS: &[(&str, &str)] = &[
     ("DELETE", "dbo.Outbox"),
 ];
 
+/// The operator's read-only role: `migrate` makes it and grants it SELECT
+/// on [`READER_TABLES`], what `status` and `outbox list` read, and nothing
+/// else, so an operator who only looks is made a member of it instead of
+/// [`APP_ROLE`] (docs/sqlserver.md, "Least privilege").
+pub const READER_ROLE: &str = "order_guard_reader";
+
+/// Every table `status` and `outbox list` read (the schema's state and
+/// identity, the order, its position and rejections, the outbox).
+pub const READER_TABLES: &[&str] = &[
+    "dbo.SchemaVersion",
+    "dbo.StoreIdentity",
+    "dbo.Orders",
+    "dbo.Positions",
+    "dbo.RejectedEvents",
+    "dbo.Outbox",
+];
+
+/// What `migrate` runs, as the admin, every time (the schema current or
+/// not): [`READER_ROLE`] made if missing, then its grants, one batch each
+/// (a role is granted to once it exists). Idempotent.
+pub fn reader_role_batches() -> Vec<String> {
+    let mut batches = vec![format!(
+        "IF DATABASE_PRINCIPAL_ID(N'{READER_ROLE}') IS NULL CREATE ROLE {READER_ROLE}"
+    )];
+    batches.push(
+        READER_TABLES
+            .iter()
+            .map(|t| format!("GRANT SELECT ON {t} TO {READER_ROLE};"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    batches
+}
+
 /// The connected user's name and each right of [`APP_RIGHTS`] it lacks,
 /// in one round trip: one row per missing right, or one row with NULL
 /// right and object when none is missing. Run at every start once the
@@ -612,7 +646,9 @@ pub const DEFER_ANNOUNCEMENT: &str = "UPDATE dbo.Outbox SET Attempts = Attempts 
      WHERE MessageId = @P1 AND ClaimToken = @P2 AND DispatchedAt IS NULL";
 
 /// The retention: up to P2 announcements dispatched more than P1 seconds
-/// ago deleted, oldest first, in one short transaction; one instance at a
+/// ago deleted, oldest first, and with P3 = 1 (no destination) up to the
+/// rest of P2 due for more than P1 seconds and never sent (not parked, not
+/// leased; on `IX_Outbox_Due`), in one short transaction; one instance at a
 /// time (a transaction-owned application lock, not waited for: another
 /// instance purging meanwhile makes this call delete nothing). Answers how
 /// many it deleted.
@@ -628,9 +664,57 @@ BEGIN
            WHERE DispatchedAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
            ORDER BY DispatchedAt, Seq) AS b ON b.Seq = o.Seq;
     SET @Deleted = @@ROWCOUNT;
+    IF @P3 = 1 AND @Deleted < @P2
+    BEGIN
+        DELETE o FROM dbo.Outbox AS o
+        JOIN (SELECT TOP (@P2 - @Deleted) Seq FROM dbo.Outbox
+               WHERE DispatchedAt IS NULL AND Parked = 0
+                 AND NextAttemptAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
+                 AND LeaseUntil <= SYSUTCDATETIME()
+               ORDER BY NextAttemptAt, Seq) AS b ON b.Seq = o.Seq
+         WHERE o.DispatchedAt IS NULL AND o.LeaseUntil <= SYSUTCDATETIME();
+        SET @Deleted = @Deleted + @@ROWCOUNT;
+    END;
 END;
 COMMIT TRANSACTION;
 SELECT @Deleted AS Deleted, @@TRANCOUNT AS OpenTransactions;";
+
+/// `outbox backfill`'s read, one statement (one snapshot where reads are
+/// versioned, as on Azure SQL): the executions since P1 seconds ago of
+/// every position that has one without an announcement, latest first per
+/// position, each with whether it has none, its place in execution order
+/// (`Rank`), and the position now in units.
+pub const BACKFILL_READ: &str = "SET NOCOUNT ON;
+DECLARE @Since DATETIME2(3) = DATEADD(SECOND, -@P1, SYSUTCDATETIME());
+WITH e AS (
+    SELECT o.Id, o.OrderId, o.AccountId, o.Symbol, o.Side, o.Quantity, o.ExecutedAt,
+           CASE WHEN EXISTS (SELECT 1 FROM dbo.Outbox AS x WHERE x.OrderId = o.OrderId)
+                THEN 0 ELSE 1 END AS Unannounced
+      FROM dbo.Orders AS o
+     WHERE o.Status = N'Executed' AND o.ExecutedAt >= @Since),
+p AS (SELECT DISTINCT AccountId, Symbol FROM e WHERE Unannounced = 1)
+SELECT e.AccountId, e.Symbol, e.OrderId, e.Side, e.Quantity, e.Unannounced,
+       CONVERT(NVARCHAR(64), ISNULL(s.Units, 0)) AS Units,
+       CONVERT(BIGINT, ROW_NUMBER() OVER (ORDER BY e.ExecutedAt, e.Id)) AS Rank
+  FROM e
+  JOIN p ON p.AccountId = e.AccountId AND p.Symbol = e.Symbol
+  LEFT JOIN dbo.Positions AS s ON s.AccountId = e.AccountId AND s.Symbol = e.Symbol
+ ORDER BY e.AccountId, e.Symbol, e.ExecutedAt DESC, e.Id DESC;";
+
+/// `outbox backfill`'s write of one announcement: P1 its message id, P2
+/// the position after it in units, P3 the order id; nothing when the
+/// message id already has a row (a backfill run twice, or at once).
+/// Answers how many it wrote.
+pub const BACKFILL_WRITE: &str =
+    "SET NOCOUNT ON; INSERT INTO dbo.Outbox (MessageId, Kind, OrderId, AccountId, \
+     Side, Symbol, Quantity, PositionUnits, Fingerprint, ExecutedAt, CreatedAt, NextAttemptAt, \
+     LeaseUntil) \
+     SELECT @P1, N'OrderExecuted', o.OrderId, o.AccountId, o.Side, o.Symbol, o.Quantity, \
+     CAST(@P2 AS DECIMAL(38, 0)), o.Fingerprint, o.ExecutedAt, SYSUTCDATETIME(), \
+     SYSUTCDATETIME(), SYSUTCDATETIME() \
+     FROM dbo.Orders AS o WHERE o.OrderId = @P3 AND o.Status = N'Executed' \
+     AND NOT EXISTS (SELECT 1 FROM dbo.Outbox AS x WHERE x.MessageId = @P1); \
+     SELECT @@ROWCOUNT AS Written";
 
 /// Undispatched announcements, oldest first, at most P1.
 pub const SELECT_UNDISPATCHED: &str = concat!(
@@ -699,6 +783,7 @@ pub const ALL: &[&str] = &[
     SELECT_UNDISPATCHED,
     SELECT_ANNOUNCEMENT_OF_ORDER,
     OUTBOX_COUNTS,
+    BACKFILL_WRITE,
 ];
 
 /// The batches with `DECLARE`, `IF … BEGIN … END` and `TRY…CATCH`:
@@ -708,8 +793,9 @@ pub const ALL: &[&str] = &[
 /// each path of them run there.
 /// [`LOCK_SCHEMA`] too: the parser does not take `EXEC @Result = …`; it
 /// runs on the engine at every migration.
-/// The outbox's claim, retry and purge too (`DECLARE`, `TOP (@Pn)` in a
-/// derived table, `EXEC @Lock = …`); [`mark_announced`] is parsed for a
+/// The outbox's claim, retry, purge and backfill's read too (`DECLARE`,
+/// `TOP (@Pn)` in a derived table, `EXEC @Lock = …`, a `WITH` after a
+/// `DECLARE`); [`mark_announced`] is parsed for a
 /// few sizes.
 pub const BATCHES: &[&str] = &[
     EXECUTE_ORDER_BODY,
@@ -719,4 +805,5 @@ pub const BATCHES: &[&str] = &[
     PURGE_ANNOUNCED,
     RETRY_ANNOUNCEMENTS,
     RESEND_ANNOUNCEMENTS,
+    BACKFILL_READ,
 ];
