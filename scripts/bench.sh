@@ -8,6 +8,8 @@
 # generator (examples/bench/), which prints the table and writes
 # target/bench/results.json and target/bench/latency_*.png.
 # Everything it starts is stopped on exit. About five minutes with the defaults.
+# BENCH_MSSQL=0, BENCH_CLUSTER=0, BENCH_TELEMETRY=0, BENCH_WEBHOOK=0 leave out
+# a handler; BENCH_STORE=0 and BENCH_OUTBOX=0 the examples run after it.
 #
 # Arguments are passed to the load generator, e.g.
 #   scripts/bench.sh --rounds 5 --seconds 3
@@ -162,7 +164,7 @@ fi
 # The SQL Server store on the T-SQL engine, when it is there: a second
 # handler on the same Redis (its own key prefix) and a fresh database.
 MSSQL_ARGS=()
-if ENGINE="$(scripts/tsql-engine.sh path 2>/dev/null)"; then
+if [ "${BENCH_MSSQL:-1}" != 0 ] && ENGINE="$(scripts/tsql-engine.sh path 2>/dev/null)"; then
   MSSQL_ADO="$(scripts/tsql-engine.sh start "og_bench_$(date +%s)")"
   STARTED_ENGINE=1
   MSSQL_PORT="$(free_port)"
@@ -247,23 +249,29 @@ timeout 600 "$BENCH" run \
 # a hot account; SQLite first deliveries through the processor; with the
 # engine's command, the recovery of one store and of three on an engine of
 # its own after a restart, a cut and a silent drop (about 4 min).
-echo "==> the store on the wire (examples/store_latency)"
-ORDER_GUARD_TEST_MSSQL="${MSSQL_ADO:-}" ORDER_GUARD_TSQL_SERVER="${ENGINE:-}" \
-  timeout 900 "$TARGET_DIR/release/examples/store_latency" 200
+# BENCH_STORE=0 skips it.
+if [ "${BENCH_STORE:-1}" != 0 ]; then
+  echo "==> the store on the wire (examples/store_latency)"
+  ORDER_GUARD_TEST_MSSQL="${MSSQL_ADO:-}" ORDER_GUARD_TSQL_SERVER="${ENGINE:-}" \
+    timeout 900 "$TARGET_DIR/release/examples/store_latency" 200
+fi
 
 # The outbox: dispatch latency after the commit, throughput
 # against the queue's ceiling, the first-delivery path with dispatch on and
 # off (to the queue and to an Event Grid topic), and a million rows in the
 # table, on SQLite and, with the engine, on a database of its own
 # (examples/outbox_bench).
-echo "==> the outbox (examples/outbox_bench)"
-scripts/ensure-azurite.sh
-OUTBOX_ADO=""
-if [ -n "${STARTED_ENGINE:-}" ]; then
-  OUTBOX_ADO="$(scripts/tsql-engine.sh start "og_outbox_$(date +%s)")"
+# BENCH_OUTBOX=0 skips it.
+if [ "${BENCH_OUTBOX:-1}" != 0 ]; then
+  echo "==> the outbox (examples/outbox_bench)"
+  scripts/ensure-azurite.sh
+  OUTBOX_ADO=""
+  if [ -n "${STARTED_ENGINE:-}" ]; then
+    OUTBOX_ADO="$(scripts/tsql-engine.sh start "og_outbox_$(date +%s)")"
+  fi
+  ORDER_GUARD_TEST_MSSQL="$OUTBOX_ADO" \
+    timeout 1800 "$TARGET_DIR/release/examples/outbox_bench" "${BENCH_OUTBOX_ORDERS:-2000}"
 fi
-ORDER_GUARD_TEST_MSSQL="$OUTBOX_ADO" \
-  timeout 1800 "$TARGET_DIR/release/examples/outbox_bench" "${BENCH_OUTBOX_ORDERS:-2000}"
 
 if ! kill -0 "$HANDLER_PID" 2>/dev/null; then
   echo "error: the handler died during the run; its log:" >&2
