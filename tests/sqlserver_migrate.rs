@@ -24,6 +24,11 @@ use serde_json::json;
 /// not all of them.
 const POSITIONS: usize = 50_000;
 
+/// Babelfish keeps `sp_getapplock`'s locks per server, not per database:
+/// each test here takes or waits on the schema's lock, so they run one at a
+/// time, or one's holder would be another's "another migration".
+static SCHEMA_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn batch(client: &mut Client, sql: &str) -> Result<(), tiberius::error::Error> {
     client.simple_query(sql).await?.into_results().await?;
     Ok(())
@@ -183,6 +188,7 @@ async fn wait_for_the_lock(owner: &mut Client) {
 /// a position meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_migration_killed_half_way_resumes_and_converts_every_position_once_and_exactly() {
+    let _one_at_a_time = SCHEMA_LOCK.lock().await;
     let Some(cs) = common::mssql_connection_string() else {
         return;
     };
@@ -304,6 +310,7 @@ async fn a_migration_killed_half_way_resumes_and_converts_every_position_once_an
 /// admin; what it committed stays, and `migrate` then finishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_starts_migration_keeps_its_bound_and_says_to_run_migrate() {
+    let _one_at_a_time = SCHEMA_LOCK.lock().await;
     let Some(cs) = common::mssql_connection_string() else {
         return;
     };
@@ -360,6 +367,7 @@ async fn a_starts_migration_keeps_its_bound_and_says_to_run_migrate() {
 /// (it never goes on without the lock), and succeeds once it is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_migration_lock_makes_migrate_fail_clearly_and_change_nothing() {
+    let _one_at_a_time = SCHEMA_LOCK.lock().await;
     let Some(cs) = common::mssql_connection_string() else {
         return;
     };
