@@ -32,13 +32,14 @@
 //!
 //! ```sh
 //! scripts/ensure-azurite.sh
-//! cargo run --release --example outbox_bench -- [ORDERS] [announcing|million|sqlserver]
+//! cargo run --release --example outbox_bench -- [ORDERS] [announcing|away|million|sqlserver]
 //! valgrind --tool=callgrind target/release/examples/outbox_bench ORDERS path off|claim|born [K]
 //! ```
 //!
 //! `path off|claim|born` runs `ORDERS` first deliveries and their dispatch
 //! in rounds, nothing on a clock, for an instruction count ([`path`]).
-//! `announcing` runs latency, throughput and cost alone, `million` the
+//! `announcing` runs latency, throughput and cost alone, `away` the cost
+//! against the sink answering `BENCH_OUTBOX_AWAY_MS` (default 1) late, `million` the
 //! million-row phases alone, `sqlserver` SQL Server's alone; `BENCH_OUTBOX_PURGE_BATCH` sets the purge passes' batch
 //! (another than production's, to compare), and
 //! `BENCH_OUTBOX_FULL_MESSAGE_ID=1` puts SQLite's message id index back
@@ -252,22 +253,29 @@ impl TopicOnItsOwnCpu {
 }
 
 /// A queue endpoint that takes every `Put Message` and does nothing with
-/// it (201 once the body is read), on the other CPU: the queue client's
-/// cost with no queue service's work beside it, to tell this process's
-/// share of the queue's cost from the emulator's.
+/// it (201 once the body is read, `away` later: a destination that far),
+/// on the other CPU: the queue client's cost with no queue service's work
+/// beside it, to tell this process's share of the queue's cost from the
+/// emulator's.
 struct QueueSinkOnItsOwnCpu {
     port: u16,
 }
 
 impl QueueSinkOnItsOwnCpu {
-    fn start() -> anyhow::Result<QueueSinkOnItsOwnCpu> {
+    fn start(away: Duration) -> anyhow::Result<QueueSinkOnItsOwnCpu> {
         use warp::Filter;
-        let port = on_the_other_cpu("queue-sink", |tx| async move {
-            let put = warp::post()
-                .and(warp::body::bytes())
-                .map(|_body: bytes::Bytes| {
-                    warp::reply::with_status("", warp::http::StatusCode::CREATED)
-                });
+        let port = on_the_other_cpu("queue-sink", move |tx| async move {
+            let put = warp::post().and(warp::body::bytes()).and_then(
+                move |_body: bytes::Bytes| async move {
+                    if !away.is_zero() {
+                        tokio::time::sleep(away).await;
+                    }
+                    Ok::<_, std::convert::Infallible>(warp::reply::with_status(
+                        "",
+                        warp::http::StatusCode::CREATED,
+                    ))
+                },
+            );
             let (addr, server) = warp::serve(put).bind_ephemeral(([127, 0, 0, 1], 0));
             let _ = tx.send(addr.port());
             server.await;
@@ -1071,11 +1079,14 @@ async fn run() -> anyhow::Result<()> {
             .unwrap_or(64);
         return path(n, &mode, k).await;
     }
+    if only.as_deref() == Some("away") {
+        return away(n).await;
+    }
     if let Some(other) = only
         .as_deref()
         .filter(|o| !["announcing", "million", "sqlserver"].contains(o))
     {
-        bail!("unknown phase {other:?}: `announcing`, `million`, `sqlserver` or `path off|claim|born`, or nothing for every phase");
+        bail!("unknown phase {other:?}: `announcing`, `million`, `sqlserver`, `away` or `path off|claim|born`, or nothing for every phase");
     }
     if matches!(only.as_deref(), None | Some("announcing")) {
         announcing(n).await?;
@@ -1155,6 +1166,27 @@ async fn path(n: usize, mode: &str, k: usize) -> anyhow::Result<()> {
 /// rounds meet the same machine.
 const COST_ROUNDS: usize = 20;
 
+/// The cost against the sink answering `BENCH_OUTBOX_AWAY_MS` (default 1)
+/// late: a destination as far as a queue in the app's region. What the
+/// dispatch path's own CPU is worth when every send waits on a network.
+async fn away(n: usize) -> anyhow::Result<()> {
+    let ms: u64 = std::env::var("BENCH_OUTBOX_AWAY_MS")
+        .ok()
+        .map(|m| m.parse())
+        .transpose()
+        .context("BENCH_OUTBOX_AWAY_MS must be a number of milliseconds")?
+        .unwrap_or(1);
+    let sink = QueueSinkOnItsOwnCpu::start(Duration::from_millis(ms))?;
+    cost(
+        &format!("queue client, sink endpoint {ms} ms away"),
+        Destination::Queue(QueueDestination::new(sink.settings()?)),
+        None,
+        (n / 8).max(50),
+        COST_ROUNDS,
+    )
+    .await
+}
+
 /// Every phase but the million rows': latency, throughput and cost.
 async fn announcing(n: usize) -> anyhow::Result<()> {
     let queue = QueueService::start()?;
@@ -1171,7 +1203,7 @@ async fn announcing(n: usize) -> anyhow::Result<()> {
     .await?;
     // The same client against an endpoint that does no queue's work: what
     // of the queue's cost is this process's, and what the emulator's.
-    let sink = QueueSinkOnItsOwnCpu::start()?;
+    let sink = QueueSinkOnItsOwnCpu::start(Duration::ZERO)?;
     cost(
         "queue client, sink endpoint (no queue service)",
         Destination::Queue(QueueDestination::new(sink.settings()?)),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::stream::{self, StreamExt};
 use tokio::time::Instant;
 
-use super::envelope::{event_text, Naming};
+use super::envelope::{cloud_event, event_grid_event, to_text, Form, Naming};
 use super::pack::{packs, Refusal, SendFailure};
 use super::queue::{QueueDestination, QueueSettings};
 use super::topic::{TopicDestination, TopicSettings};
@@ -72,7 +72,10 @@ impl Destination {
             Destination::Queue(q) => q.form(),
             Destination::Topic(t) => t.form(),
         };
-        event_text(form, naming, row)
+        match form {
+            Form::CloudEvent => to_text(&cloud_event(naming, row)),
+            Form::EventGrid => to_text(&event_grid_event(naming, row)),
+        }
     }
 
     /// The most bytes one pack's JSON array may hold.

@@ -9,13 +9,10 @@
 //!
 //! The events are typed ([`CloudEvent`], [`EventGridEvent`]), their
 //! fields declared in the byte order of their names: the order in which
-//! earlier versions, which built a `serde_json::Value`, wrote them. What is
-//! sent is [`event_text`]: the bytes serde writes of the typed event,
-//! written from the row directly (the keys as the fixed text they
-//! serialise to, each value by serde_json or copied when it needs no
-//! escape). A copy sent by this version and one sent by an earlier one
-//! carry the same bytes; the text and the typed event's serialisation are
-//! tested equal over random rows.
+//! earlier versions, which built a `serde_json::Value`, wrote them, so a
+//! copy sent by this version and one sent by an earlier one carry the same
+//! bytes (tested). What is sent is serde_json's text of the typed event
+//! ([`to_text`]).
 
 use std::fmt;
 
@@ -163,9 +160,8 @@ pub fn event_grid_event<'a>(naming: &'a Naming, a: &'a Announcement) -> EventGri
     }
 }
 
-/// An event's text as serde writes the typed event: the reference
-/// [`event_text`] is tested against. Strings and integers only:
-/// serialising cannot fail.
+/// An event's text: what serde_json writes of the typed event. Strings
+/// and integers only: serialising cannot fail.
 pub fn to_text(event: &impl Serialize) -> String {
     serde_json::to_string(event).expect("an event of strings and integers serialises")
 }
@@ -179,122 +175,9 @@ pub enum Form {
     EventGrid,
 }
 
-/// A row's event as text: the bytes serde writes for the typed event of
-/// `form` ([`CloudEvent`], [`EventGridEvent`]), byte for byte (tested over
-/// random rows), written from the row directly. The keys and fixed values
-/// are the text they serialise to; each value from the row is a JSON
-/// string written by serde_json, or copied between quotes when nothing in
-/// it needs an escape (what serde_json would write then). Serialising the
-/// typed event examined every byte of every key and value for escapes, a
-/// quarter of what dispatching an announcement costs (callgrind,
-/// docs/benchmarks.md).
-pub fn event_text(form: Form, naming: &Naming, a: &Announcement) -> String {
-    let mut t = Text(Vec::with_capacity(1024));
-    t.fixed(r#"{"data":"#);
-    t.data(a);
-    match form {
-        Form::CloudEvent => {
-            t.fixed(r#","datacontenttype":"application/json","id":"#);
-            t.string(&a.message_id);
-            t.fixed(r#","source":"#);
-            t.string(&naming.source);
-            t.fixed(r#","specversion":"1.0","subject":"#);
-            t.joined("orders", "/", &a.order_id);
-            t.fixed(r#","time":"#);
-            t.string(&a.executed_at);
-            t.fixed(r#","type":"#);
-            t.joined(&naming.type_prefix, ".", &a.kind);
-        }
-        Form::EventGrid => {
-            t.fixed(r#","dataVersion":"1.0","eventTime":"#);
-            t.string(&a.executed_at);
-            t.fixed(r#","eventType":"#);
-            t.joined(&naming.type_prefix, ".", &a.kind);
-            t.fixed(r#","id":"#);
-            t.string(&a.message_id);
-            t.fixed(r#","subject":"#);
-            t.joined("orders", "/", &a.order_id);
-        }
-    }
-    t.fixed("}");
-    String::from_utf8(t.0).expect("JSON of UTF-8 texts is UTF-8")
-}
-
-/// An event's text as it is written.
-struct Text(Vec<u8>);
-
-impl Text {
-    /// JSON text as it is: keys, punctuation, fixed values.
-    fn fixed(&mut self, json: &str) {
-        self.0.extend_from_slice(json.as_bytes());
-    }
-
-    /// `s` as a JSON string. serde_json escapes `"`, `\` and the control
-    /// characters below U+0020, nothing else: a text without them is
-    /// written between quotes as it is, as serde_json would write it.
-    fn string(&mut self, s: &str) {
-        if s.bytes().any(needs_escape) {
-            self.serde(&s);
-        } else {
-            self.quoted(&[s]);
-        }
-    }
-
-    /// Two texts and a separator as one JSON string.
-    fn joined(&mut self, a: &str, separator: &'static str, b: &str) {
-        if a.bytes().chain(b.bytes()).any(needs_escape) {
-            self.serde(&Shown(Joined(a, separator, b)));
-        } else {
-            self.quoted(&[a, separator, b]);
-        }
-    }
-
-    /// `parts`, which need no escape, as one JSON string.
-    fn quoted(&mut self, parts: &[&str]) {
-        self.0.push(b'"');
-        for part in parts {
-            self.0.extend_from_slice(part.as_bytes());
-        }
-        self.0.push(b'"');
-    }
-
-    fn serde(&mut self, value: &impl Serialize) {
-        serde_json::to_writer(&mut self.0, value).expect("strings and integers serialise");
-    }
-
-    /// [`Data`]'s fields, in its order.
-    fn data(&mut self, a: &Announcement) {
-        self.fixed(r#"{"accountId":"#);
-        self.string(&a.account_id);
-        self.fixed(r#","executedAt":"#);
-        self.string(&a.executed_at);
-        self.fixed(r#","fingerprint":"#);
-        self.string(&a.fingerprint);
-        self.fixed(r#","orderId":"#);
-        self.string(&a.order_id);
-        self.fixed(r#","positionAfter":"#);
-        self.serde(&Shown(a.position_after));
-        self.fixed(r#","quantity":"#);
-        self.serde(&Shown(a.quantity.normalize()));
-        self.fixed(r#","sequence":"#);
-        self.serde(&a.seq);
-        self.fixed(r#","side":"#);
-        self.string(&a.side);
-        self.fixed(r#","symbol":"#);
-        self.string(&a.symbol);
-        self.fixed("}");
-    }
-}
-
-/// The bytes serde_json writes escaped (its `ESCAPE` table).
-fn needs_escape(b: u8) -> bool {
-    b < 0x20 || b == b'"' || b == b'\\'
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::order::Side;
     use rust_decimal::Decimal;
     use serde_json::{json, Value};
     use std::str::FromStr;
@@ -441,63 +324,6 @@ mod tests {
             assert_eq!(
                 to_text(&event_grid_event(&naming, &a)),
                 earlier_event_grid_event(&naming, &a)
-            );
-            assert_eq!(
-                event_text(Form::CloudEvent, &naming, &a),
-                earlier_cloud_event(&naming, &a)
-            );
-            assert_eq!(
-                event_text(Form::EventGrid, &naming, &a),
-                earlier_event_grid_event(&naming, &a)
-            );
-        }
-    }
-
-    /// The text written from the row is the typed event's as serde writes
-    /// it, for rows of every kind of text: ASCII, the characters JSON
-    /// escapes (quotes, backslashes, every control character), non-ASCII,
-    /// empty; and for every number's sign and size.
-    #[test]
-    fn the_event_text_is_what_serde_writes_of_the_typed_event() {
-        use rand::{rngs::StdRng, Rng, SeedableRng};
-        let mut rng = StdRng::seed_from_u64(32);
-        let alphabet: Vec<char> = ('\u{0}'..='\u{7f}')
-            .chain(['é', 'ü', '\u{2028}', '\u{ffff}', '😀'])
-            .collect();
-        let text = |rng: &mut StdRng| -> String {
-            let len = rng.gen_range(0..12);
-            (0..len)
-                .map(|_| alphabet[rng.gen_range(0..alphabet.len())])
-                .collect()
-        };
-        for _ in 0..2_000 {
-            let mut a = row();
-            a.message_id = text(&mut rng);
-            a.kind = text(&mut rng);
-            a.order_id = text(&mut rng);
-            a.account_id = text(&mut rng);
-            a.side = text(&mut rng);
-            a.symbol = text(&mut rng);
-            a.executed_at = text(&mut rng);
-            a.fingerprint = text(&mut rng);
-            a.seq = rng.gen();
-            a.quantity = Decimal::new(rng.gen_range(1..i64::MAX), rng.gen_range(0..=10));
-            a.position_after = crate::position::Position::default()
-                .apply(if rng.gen() { Side::Buy } else { Side::Sell }, a.quantity)
-                .unwrap_or_default();
-            let naming = Naming {
-                type_prefix: text(&mut rng),
-                source: text(&mut rng),
-            };
-            assert_eq!(
-                event_text(Form::CloudEvent, &naming, &a),
-                to_text(&cloud_event(&naming, &a)),
-                "{a:?} {naming:?}"
-            );
-            assert_eq!(
-                event_text(Form::EventGrid, &naming, &a),
-                to_text(&event_grid_event(&naming, &a)),
-                "{a:?} {naming:?}"
             );
         }
     }
