@@ -12,11 +12,11 @@
 # release, what you deploy; tests/webhook_image.rs sets dev), as for
 # scripts/package.sh, which builds the static musl binary.
 #
-# Installs podman and runc (apt) when missing. Without CONTAINERS_CONF it
-# writes one under .tools/ that runs containers with runc and the cgroupfs
-# manager and sets no default ulimits: what works inside another container
-# or a VM without systemd (this project's CI among them). Prints the
-# image's name.
+# Installs podman and runc (apt) when missing (scripts/ensure-podman.sh).
+# Without CONTAINERS_CONF it writes one under .tools/ that runs containers
+# with runc and the cgroupfs manager and sets no default ulimits: what
+# works inside another container or a VM without systemd (this project's
+# CI among them). Prints the image's name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,18 +29,17 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
-missing=()
-if [ -z "$stage" ]; then
-  command -v podman >/dev/null || missing+=(podman)
-  command -v runc >/dev/null || missing+=(runc)
-fi
-[ -f /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "==> installing ${missing[*]} (apt)" >&2
-  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >&2 \
-    || { echo "error: cannot install ${missing[*]}; run: sudo apt-get install -y ${missing[*]}" >&2; exit 1; }
+if [ -n "$stage" ]; then
+  # Only the CA certificates the context copies.
+  if [ ! -f /etc/ssl/certs/ca-certificates.crt ]; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    echo "==> installing ca-certificates (apt)" >&2
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq ca-certificates; } >&2 \
+      || { echo "error: cannot install ca-certificates; run: sudo apt-get install -y ca-certificates" >&2; exit 1; }
+  fi
+else
+  scripts/ensure-podman.sh
 fi
 if [ -z "$stage" ] && [ -z "${CONTAINERS_CONF:-}" ]; then
   mkdir -p .tools

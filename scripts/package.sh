@@ -2,7 +2,8 @@
 # The Functions package: a static Linux x86_64 binary (musl) laid out as the
 # host expects, zipped with the binary's executable bit kept.
 #
-#   scripts/package.sh            writes dist/order-guard-<version>-linux-x64.zip
+#   scripts/package.sh                  writes dist/order-guard-<version>-linux-x64.zip
+#   scripts/package.sh --prerequisites  only installs what the build needs
 #
 # ORDER_GUARD_PACKAGE_PROFILE names the cargo profile (default release, what
 # you deploy). tests/package.rs sets dev: it checks the layout, the static
@@ -48,6 +49,8 @@ if ! command -v zip >/dev/null; then
   { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq zip; } >&2 \
     || { echo "error: cannot install zip; run: sudo apt-get install -y zip" >&2; exit 1; }
 fi
+
+[ "${1:-}" = --prerequisites ] && exit 0
 
 echo "==> cargo build --profile $profile --target $target" >&2
 CC_x86_64_unknown_linux_musl=musl-gcc cargo build --profile "$profile" --locked --target "$target" --bin order-guard >&2

@@ -4,8 +4,9 @@
 # 1. makes sure redis-server is installed (the Redis tests start their own on
 #    a free loopback port; they fail loudly when it is missing), Azurite
 #    (scripts/ensure-azurite.sh: the dead-letter tests start their own Blob
-#    Storage emulator) and Azure's CLI (scripts/ensure-azure-cli.sh: the
-#    README's az commands are parsed by it, tests/az_commands.rs);
+#    Storage emulator), podman (scripts/ensure-podman.sh: the image test)
+#    and Azure's CLI (scripts/ensure-azure-cli.sh: the README's az commands
+#    are parsed by it, tests/az_commands.rs);
 # 2. starts the real T-SQL engine (scripts/tsql-engine.sh) for the SQL Server
 #    tests, unless ORDER_GUARD_TEST_MSSQL already names a server (your own SQL
 #    Server or Azure SQL: see the README). With
@@ -69,9 +70,6 @@ if [ -n "${ORDER_GUARD_FUZZ_SECONDS:-}" ]; then
   step "the fuzz build started, niced, in the background (.tools/fuzz-build.log)"
 fi
 
-scripts/ensure-redis.sh
-scripts/ensure-azurite.sh
-
 started_engine=""
 if [ -z "${ORDER_GUARD_TEST_MSSQL:-}" ]; then
   if engine=$(scripts/tsql-engine.sh path 2>/dev/null); then
@@ -95,6 +93,17 @@ else
   echo "==> SQL Server tests will run against ORDER_GUARD_TEST_MSSQL"
 fi
 
+# What the tests need and apt, npm or rustup installs when missing
+# (redis-server, Azurite, podman, the musl target and toolchain: one after
+# another, apt allows one at a time), in the background: fetching and
+# unpacking leave the CPU to fmt and clippy. After the engine's start,
+# which may install a library of its own.
+setsid bash -c 'scripts/ensure-redis.sh && scripts/ensure-azurite.sh && scripts/ensure-podman.sh \
+  && scripts/package.sh --prerequisites' \
+  >.tools/packages.log 2>&1 &
+packages=$!
+background+=("$packages")
+
 step "cargo fmt --check (and fuzz/, a crate of its own)"
 cargo fmt --all -- --check
 (cd fuzz && cargo fmt --all -- --check)
@@ -108,6 +117,19 @@ step "checkov over infra/ (scripts/check-infra.sh)"
 scripts/check-infra.sh
 
 wait_for "scripts/ensure-azure-cli.sh" "$azure_cli" .tools/azure-cli.log
+wait_for "the tests' packages (redis-server, Azurite, podman, musl)" "$packages" .tools/packages.log
+cat .tools/packages.log
+step "cargo test --all-targets --features failpoints --no-run"
+cargo test --all-targets --features failpoints --no-run
+# The static musl binary tests/package.rs and tests/webhook_image.rs check
+# (scripts/package.sh, as package.rs builds it: the dev profile, no debug
+# info), built niced in the background while the first test binaries run:
+# many of them wait on servers and timers more than they compute. The
+# package test's own build then finds it done, or waits for its lock.
+setsid env ORDER_GUARD_PACKAGE_PROFILE=dev CARGO_PROFILE_DEV_DEBUG=false bash -c \
+  '{ echo 19 >/proc/self/autogroup; } 2>/dev/null; exec nice -n 19 scripts/package.sh' \
+  >.tools/package-build.log 2>&1 &
+background+=("$!")
 step "cargo test --all-targets --features failpoints"
 cargo test --all-targets --features failpoints "$@"
 

@@ -205,8 +205,52 @@ fn with_placeholders(command: &str) -> String {
     out
 }
 
-/// Where the CLI's requests go: a port nothing listens on.
-const DEAD_PROXY: &str = "http://127.0.0.1:9";
+/// The error code [`RefusingProxy`] answers every request with.
+const REFUSED_BY_THE_TEST: &str = "RefusedByTheTestProxy";
+
+/// Where the CLI's requests go: a local proxy that answers every request
+/// at once with a 403 in Azure Storage's error form, which no client
+/// retries. (A closed port instead makes the storage client retry a
+/// refused connection for about a minute and a half a command.) Requests
+/// through it never leave the machine: a CONNECT is refused too.
+struct RefusingProxy {
+    url: String,
+}
+
+impl RefusingProxy {
+    fn start() -> RefusingProxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                std::thread::spawn(move || refuse(&mut stream));
+            }
+        });
+        RefusingProxy { url }
+    }
+}
+
+/// Read the request's head, answer 403 with a storage error body, close.
+fn refuse(stream: &mut std::net::TcpStream) {
+    use std::io::{Read, Write};
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let body = format!(
+        r#"<?xml version="1.0" encoding="utf-8"?><Error><Code>{REFUSED_BY_THE_TEST}</Code><Message>refused by the test's proxy</Message></Error>"#
+    );
+    let _ = write!(
+        stream,
+        "HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nx-ms-error-code: {REFUSED_BY_THE_TEST}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
 
 /// What the CLI said of one command.
 #[derive(Debug, PartialEq, Eq)]
@@ -217,22 +261,22 @@ enum Verdict {
 }
 
 /// Accepted: the CLI got as far as asking for a login, or as sending a
-/// request (refused by the dead proxy: a data-plane command given a
+/// request (refused by the test's proxy: a data-plane command given a
 /// connection string, such as the README's Azurite queue, needs no login).
-fn judge(az: &Path, config_dir: &Path, command: &str) -> Verdict {
+fn judge(az: &Path, config_dir: &Path, proxy: &str, command: &str) -> Verdict {
     let text = with_placeholders(command);
     let args = shlex::split(&text).unwrap_or_else(|| panic!("not a shell command: {command}"));
     assert_eq!(args[0], "az", "{command}");
     let out = Command::new(az)
         .args(&args[1..])
         .env("AZURE_CONFIG_DIR", config_dir)
-        // Nothing leaves the machine: every request goes to a closed local
-        // port (a command that gets that far was accepted); no telemetry
+        // Nothing leaves the machine: every request goes to the test's
+        // proxy (a command that gets that far was accepted); no telemetry
         // upload, no survey, no extension fetched, no prompt.
-        .env("HTTPS_PROXY", DEAD_PROXY)
-        .env("HTTP_PROXY", DEAD_PROXY)
-        .env("https_proxy", DEAD_PROXY)
-        .env("http_proxy", DEAD_PROXY)
+        .env("HTTPS_PROXY", proxy)
+        .env("HTTP_PROXY", proxy)
+        .env("https_proxy", proxy)
+        .env("http_proxy", proxy)
         .env_remove("NO_PROXY")
         .env_remove("no_proxy")
         .env("AZURE_CORE_COLLECT_TELEMETRY", "no")
@@ -252,8 +296,9 @@ fn judge(az: &Path, config_dir: &Path, command: &str) -> Verdict {
     if lower.contains("requires the extension") || lower.contains("az extension add") {
         Verdict::Extension(said.trim().to_string())
     } else if (lower.contains("az login")
+        || said.contains(REFUSED_BY_THE_TEST)
         || lower.contains("proxyerror")
-        || lower.contains("unable to connect to proxy"))
+        || lower.contains("tunnel connection failed"))
         && !out.status.success()
     {
         // Stopped for want of a login, or at the network (a command that
@@ -324,6 +369,8 @@ fn every_az_command_shown_is_accepted_by_azure_cli() {
     // one worker per CPU, each with its own configuration folder (az writes
     // there), the verdicts then read in the documents' order.
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let proxy = RefusingProxy::start();
+    let proxy = proxy.url.as_str();
     let mut verdicts: Vec<(usize, Verdict)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|w| {
@@ -332,7 +379,7 @@ fn every_az_command_shown_is_accepted_by_azure_cli() {
                     let config_dir = tempfile::tempdir().unwrap();
                     (w..commands.len())
                         .step_by(workers)
-                        .map(|i| (i, judge(az, config_dir.path(), &commands[i].1)))
+                        .map(|i| (i, judge(az, config_dir.path(), proxy, &commands[i].1)))
                         .collect::<Vec<_>>()
                 })
             })
