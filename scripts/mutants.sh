@@ -10,7 +10,9 @@
 #            (src/decision.rs src/finished.rs src/store/sqlite/mod.rs
 #            src/processor.rs src/guard/redis.rs src/hosting.rs
 #            src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs
-#            src/store/sqlserver/silence.rs src/store/sqlserver/retry.rs)
+#            src/store/sqlserver/silence.rs src/store/sqlserver/retry.rs
+#            src/outbox/pack.rs src/outbox/lease.rs src/outbox/destination.rs
+#            src/outbox/dispatch.rs src/outbox/retention.rs)
 # CARGO_TEST_ARGS
 #            the test selection every mutant is judged by: cargo arguments
 #            given to both the build (`cargo test --no-run`, so only these
@@ -61,7 +63,9 @@ done
 if [ ${#files[@]} -eq 0 ]; then
   files=(src/decision.rs src/finished.rs src/store/sqlite/mod.rs src/processor.rs src/guard/redis.rs
     src/hosting.rs src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs
-    src/store/sqlserver/silence.rs src/store/sqlserver/retry.rs)
+    src/store/sqlserver/silence.rs src/store/sqlserver/retry.rs
+    src/outbox/pack.rs src/outbox/lease.rs src/outbox/destination.rs
+    src/outbox/dispatch.rs src/outbox/retention.rs)
 fi
 given_args=("$@")
 
@@ -85,6 +89,11 @@ selection_for() {
       echo --lib ;;
     src/store/sqlserver/silence.rs|src/store/sqlserver/retry.rs)
       echo --lib ;;
+    # The outbox: its pure rules by their unit tests; the files that drive
+    # a destination, a round and the retention by the outbox's tests too.
+    src/outbox/pack.rs|src/outbox/lease.rs) echo --lib ;;
+    src/outbox/destination.rs|src/outbox/dispatch.rs|src/outbox/retention.rs)
+      echo --lib --test outbox --test outbox_topic --test outbox_history ;;
     *) echo --lib --test processor --test guard --test bad_input --test host_protocol \
         --test store_conformance ;;
   esac
