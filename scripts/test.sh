@@ -119,17 +119,6 @@ scripts/check-infra.sh
 wait_for "scripts/ensure-azure-cli.sh" "$azure_cli" .tools/azure-cli.log
 wait_for "the tests' packages (redis-server, Azurite, podman, musl)" "$packages" .tools/packages.log
 cat .tools/packages.log
-step "cargo test --all-targets --features failpoints --no-run"
-cargo test --all-targets --features failpoints --no-run
-# The static musl binary tests/package.rs and tests/webhook_image.rs check
-# (scripts/package.sh, as package.rs builds it: the dev profile, no debug
-# info), built niced in the background while the first test binaries run:
-# many of them wait on servers and timers more than they compute. The
-# package test's own build then finds it done, or waits for its lock.
-setsid env ORDER_GUARD_PACKAGE_PROFILE=dev CARGO_PROFILE_DEV_DEBUG=false bash -c \
-  '{ echo 19 >/proc/self/autogroup; } 2>/dev/null; exec nice -n 19 scripts/package.sh' \
-  >.tools/package-build.log 2>&1 &
-background+=("$!")
 step "cargo test --all-targets --features failpoints"
 cargo test --all-targets --features failpoints "$@"
 

@@ -28,14 +28,6 @@ pub enum Refusal {
     Events { message: String, certain: bool },
 }
 
-impl Refusal {
-    pub fn message(&self) -> &str {
-        match self {
-            Refusal::Request(m) | Refusal::Events { message: m, .. } => m,
-        }
-    }
-}
-
 /// Why the send of one event failed, as the dispatcher needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendFailure {
