@@ -115,8 +115,10 @@ mod tests {
         assert_eq!(packs(&events(&[3, 3, 3]), 13), vec![0..3]);
         assert_eq!(packs(&events(&[3, 3, 3]), 12), vec![0..2, 2..3]);
         assert_eq!(packs(&events(&[]), 10), Vec::<Range<usize>>::new());
-        // Too large alone: its own pack, the rest unaffected.
+        // Too large alone: its own pack, the rest unaffected; first or
+        // not, never after an empty pack.
         assert_eq!(packs(&events(&[2, 50, 2]), 10), vec![0..1, 1..2, 2..3]);
+        assert_eq!(packs(&events(&[50, 2]), 10), vec![0..1, 1..2]);
     }
 
     #[test]
