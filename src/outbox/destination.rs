@@ -280,6 +280,15 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_event_refused_alone_in_its_pack_is_not_posted_again() {
+        // `[a]` fits, `[a,bad]` would not: each event its own pack.
+        let (answers, posts) = judged(&named(&["a", "bad"]), 12, too_large).await;
+        assert_eq!(posts, vec![1, 1], "one post a pack, none again");
+        assert_eq!(answers[0], Ok(()));
+        assert!(answers[1].clone().unwrap_err().refused);
+    }
+
+    #[tokio::test]
     async fn a_round_goes_in_one_pack_when_it_fits() {
         let (answers, posts) = judged(&named(&["a", "b", "c"]), 1024, too_large).await;
         assert_eq!(answers, vec![Ok(()), Ok(()), Ok(())]);
