@@ -32,7 +32,8 @@
 #
 # Every run builds with `--features failpoints`, installs cargo-mutants when
 # it is missing (`cargo install --locked cargo-mutants`) and makes sure
-# redis-server is installed (the guard and processor tests start their own).
+# redis-server and Azurite are installed (the guard and processor tests start
+# their own redis-server, the outbox tests their own Azurite).
 # The SQL Server conformance tests run only if ORDER_GUARD_TEST_MSSQL is set.
 #
 # Environment:
@@ -111,6 +112,7 @@ if ! cargo mutants --version >/dev/null 2>&1; then
   cargo install --locked cargo-mutants
 fi
 scripts/ensure-redis.sh
+scripts/ensure-azurite.sh
 
 # Mutants need no debugger: without debug info each mutant builds and links
 # much faster. (Only these builds: they have their own target dir.)
