@@ -55,9 +55,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use order_guard::guard::{GuardSettings, MemoryGuard};
+use order_guard::outbox::retention::expired;
 use order_guard::outbox::{
-    Destination, DispatchSettings, Dispatcher, Encoding, QueueDestination, QueueSettings, Schema,
-    TopicAuth, TopicDestination, TopicSettings,
+    Destination, DispatchSettings, Dispatcher, Encoding, QueueDestination, QueueSettings,
+    Retention, Schema, TopicAuth, TopicDestination, TopicSettings,
 };
 use order_guard::processor::{OutcomeKind, Processor, ProcessorSettings};
 use order_guard::storage::{parse_storage_of, Secret, Service, EMULATOR_ACCOUNT, EMULATOR_KEY};
@@ -496,11 +497,11 @@ async fn until_dispatched(store: &SqliteStore, bound: Duration) -> anyhow::Resul
 /// to the CPU measured for dispatch.
 async fn until_sent(d: &Dispatcher, total: u64, bound: Duration) -> anyhow::Result<()> {
     let started = Instant::now();
-    while d.counts().sent < total {
+    while d.sent() < total {
         if started.elapsed() > bound {
             bail!(
                 "{} of {total} announcements sent after {} s",
-                d.counts().sent,
+                d.sent(),
                 bound.as_secs()
             );
         }
@@ -710,7 +711,7 @@ async fn cost(
     until_dispatched(&on.store, Duration::from_secs(60)).await?;
     println!(
         "  (the dispatcher sent {} announcements meanwhile)",
-        dispatcher.counts().sent
+        dispatcher.sent()
     );
     Ok(())
 }
@@ -861,16 +862,10 @@ async fn retention_pass(
             .context("BENCH_OUTBOX_PURGE_BATCH must be a number")?;
     }
     let (batch, rest) = (settings.purge_batch, settings.purge_rest);
-    let purger = Dispatcher::new(
+    let purger = Retention::new(
         Arc::clone(store),
-        Destination::Queue(QueueDestination::new(QueueSettings {
-            storage: parse_storage_of("UseDevelopmentStorage=true", Service::Queue)
-                .map_err(anyhow::Error::msg)?,
-            queue: "unused".into(),
-            encoding: Encoding::Base64,
-            message_ttl: None,
-        })),
-        settings,
+        settings.retention_settings(),
+        expired(true),
     );
     let done = std::sync::atomic::AtomicBool::new(false);
     let started = Instant::now();

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use order_guard::order::Order;
+use order_guard::outbox::dispatch::Round;
 use order_guard::outbox::envelope::{cloud_event, to_text};
 use order_guard::outbox::queue::queue_sas;
 use order_guard::outbox::{
@@ -287,6 +288,130 @@ async fn a_born_row_not_sent_is_deferred_and_sent_by_a_later_claim() {
         .unwrap();
     assert!(token.is_some(), "sent with no claim");
     running.abort();
+}
+
+/// Each failed send of a row waits longer than the last: 1 s after the
+/// first, 2 s after the second (`NextAttemptAt` against the failure's
+/// time, both written by the deferral's one statement).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_failing_again_waits_twice_as_long() {
+    let azurite = Azurite::start_queue();
+    let (store, dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let o = order(&unique_id("ord"), &unique_id("acct"), "buy", "1");
+    execute_all(&store, std::slice::from_ref(&o)).await;
+    // No such queue: every send fails on the destination's state (404).
+    let d = dispatcher(&store, queue_settings(&azurite, "missing"));
+    let db = rusqlite::Connection::open(dir.path().join("orders.db")).unwrap();
+    let back_off = || -> (i64, Option<f64>) {
+        db.query_row(
+            "SELECT Attempts, (julianday(NextAttemptAt) - julianday(LeaseUntil)) * 86400 FROM Outbox",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+    };
+    let started = Instant::now();
+    for (attempts, wait) in [(1, 1.0), (2, 2.0)] {
+        // The row is claimable again once its back-off has passed.
+        while back_off().0 < attempts {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "never tried again"
+            );
+            assert_eq!(d.drain().await.unwrap(), 0);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (tried, waits) = back_off();
+        assert_eq!(tried, attempts);
+        let waits = waits.expect("a deferred row's next attempt and lease");
+        assert!(
+            (waits - wait).abs() < 0.01,
+            "after {attempts} failures it waits {waits} s"
+        );
+    }
+}
+
+/// An execution wakes the running dispatcher through its announcer: the
+/// announcement goes at once, not at the next poll (an hour away here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_wakes_the_dispatcher_before_its_next_poll() {
+    let azurite = Azurite::start_queue();
+    azurite.create_queue("woken").await;
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let poll = Duration::from_secs(3600);
+    let d = Arc::new(Dispatcher::new(
+        Arc::clone(&store),
+        Destination::Queue(QueueDestination::new(queue_settings(&azurite, "woken"))),
+        DispatchSettings {
+            poll,
+            ..DispatchSettings::default()
+        },
+    ));
+    let running = d.spawn();
+    let started = Instant::now();
+    // Two executions, each announced before the next: the second is born
+    // after the dispatcher's first round ended, so only the wake sends it.
+    for n in 0..2 {
+        let o = order(&unique_id("ord"), &unique_id("acct"), "buy", "1");
+        execute_all(&store, std::slice::from_ref(&o)).await;
+        d.announcer().executed();
+        let mut got = Vec::new();
+        while got.is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "execution {n} not announced until the poll ({poll:?})"
+            );
+            got.extend(azurite.drain_queue("woken", true).await);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            by_id(&got).keys().cloned().collect::<Vec<_>>(),
+            [message_id(&o.order_id)]
+        );
+    }
+    running.abort();
+}
+
+/// Births too old to send within their lease are taken from the hand-off
+/// and counted (so the drain goes on to the births behind them), not sent
+/// from memory: a claim sends them once their lease has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn births_too_old_to_send_from_memory_are_counted_and_left_for_a_claim() {
+    let azurite = Azurite::start_queue();
+    azurite.create_queue("stale").await;
+    let (store, _dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    // A lease of zero: every birth is already too old to send from memory.
+    let handoff = store
+        .hand_over_announcements(Duration::ZERO)
+        .expect("SQLite hands its births over");
+    let orders = [
+        order(&unique_id("ord"), &unique_id("acct"), "buy", "1"),
+        order(&unique_id("ord"), &unique_id("acct"), "sell", "2"),
+    ];
+    execute_all(&store, &orders).await;
+    let d = dispatcher(&store, queue_settings(&azurite, "stale"));
+    assert_eq!(
+        d.send_born(&handoff).await.unwrap(),
+        Round {
+            claimed: 2,
+            sent: 0,
+            failed: 0
+        }
+    );
+    assert!(azurite.drain_queue("stale", true).await.is_empty());
+    assert_eq!(d.drain().await.unwrap(), 2, "a claim sends them");
+    assert_eq!(d.sent(), 2, "sent since it started");
+    let sent = by_id(&azurite.drain_queue("stale", true).await);
+    let want: Vec<String> = orders.iter().map(|o| message_id(&o.order_id)).collect();
+    assert_eq!(
+        sent.keys()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>(),
+        want.into_iter().collect()
+    );
 }
 
 /// A dispatcher that sent and died before its mark: the lease runs out,

@@ -30,6 +30,7 @@ use futures::Stream;
 use redis::auth::{BasicAuth, StreamingCredentialsProvider};
 use redis::{ErrorKind, RedisError, RedisResult};
 use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::entra::{TokenSource, REFRESH_MARGIN};
 
@@ -40,15 +41,7 @@ type Latest = Option<Result<BasicAuth, String>>;
 #[derive(Clone)]
 pub struct EntraCredentials {
     latest: watch::Receiver<Latest>,
-    _refresh: Arc<AbortOnDrop>,
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    _refresh: Arc<AbortOnDropHandle<()>>,
 }
 
 impl EntraCredentials {
@@ -60,7 +53,7 @@ impl EntraCredentials {
         let refresh = tokio::spawn(refresh(source, publish));
         EntraCredentials {
             latest,
-            _refresh: Arc::new(AbortOnDrop(refresh)),
+            _refresh: Arc::new(AbortOnDropHandle::new(refresh)),
         }
     }
 }

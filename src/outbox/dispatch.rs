@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::destination::Destination;
 use super::envelope::Naming;
@@ -118,6 +119,100 @@ pub fn deferral(row: &Announcement, failure: &SendFailure, attempts: i64) -> Def
     }
 }
 
+/// The births the hand-off refused since the last round (`before` of the
+/// `now` it has refused in all), if any: what a round says once.
+pub fn newly_refused(before: u64, now: u64) -> Option<u64> {
+    now.checked_sub(before).filter(|&n| n > 0)
+}
+
+/// Whether a round that took `taken` rows of a `batch` was full: then more
+/// may wait, and another round follows at once.
+pub fn full(taken: usize, batch: u32) -> bool {
+    taken >= batch as usize
+}
+
+/// Whether a drain ends after `round`: it was not full (nothing more is
+/// due), or it sent nothing (the destination fails: the rows wait out
+/// their back-off rather than be claimed again at once).
+pub fn drained(round: &Round, batch: u32) -> bool {
+    !full(round.claimed, batch) || round.sent == 0
+}
+
+/// When a running dispatcher claims: at once, then a `poll` after each
+/// claim ends; where the store hands nothing over (its births are not
+/// leased to this process), on every wake too. Pure: the caller says when
+/// it is.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimTimer {
+    poll: Duration,
+    next: Instant,
+    hands_over: bool,
+}
+
+impl ClaimTimer {
+    pub fn new(poll: Duration, now: Instant, hands_over: bool) -> ClaimTimer {
+        ClaimTimer {
+            poll,
+            next: now,
+            hands_over,
+        }
+    }
+
+    /// Whether a claim runs in a round at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        !self.hands_over || now >= self.next
+    }
+
+    /// A claim ended at `now`.
+    pub fn claimed(&mut self, now: Instant) {
+        self.next = now + self.poll;
+    }
+
+    /// When the next claim is due, woken or not.
+    pub fn next(&self) -> Instant {
+        self.next
+    }
+}
+
+/// What a round says in the log, `failing` since an earlier round and
+/// `error` its failure now (`None`: it worked): a store that cannot be
+/// used (down, or its schema not verified yet) is said once, as a warning,
+/// and its return once, not every `poll`.
+pub fn said(failing: bool, error: Option<&str>, poll: Duration) -> Option<(log::Level, String)> {
+    match error {
+        Some(e) if !failing => Some((
+            log::Level::Warn,
+            format!(
+                "outbox: dispatch round failed ({e}); the rows stay and are tried again every {} s",
+                poll.as_secs()
+            ),
+        )),
+        Some(e) => Some((
+            log::Level::Debug,
+            format!("outbox: dispatch round failed again ({e})"),
+        )),
+        None if failing => Some((
+            log::Level::Info,
+            "outbox: dispatch rounds work again".to_string(),
+        )),
+        None => None,
+    }
+}
+
+/// The one line a round says of its failed sends, `deferrals` of the
+/// `held` rows it held (`None`: none failed): an outage of the destination
+/// fails every row of every round alike, so one line a round, not a row.
+pub fn failures_line(deferrals: &[Deferral], held: usize) -> Option<String> {
+    let first = deferrals.first()?;
+    let parked = deferrals.iter().filter(|d| d.park).count();
+    Some(format!(
+        "outbox: {} of {held} announcements not sent in this dispatch round ({parked} parked): {}; the others are tried again from {} s on",
+        deferrals.len(),
+        first.error,
+        first.retry_in.as_secs()
+    ))
+}
+
 /// Wakes the dispatcher when an order was executed (held by the processor).
 #[derive(Debug, Default, Clone)]
 pub struct Announcer(Arc<Notify>);
@@ -126,22 +221,6 @@ impl Announcer {
     pub fn executed(&self) {
         self.0.notify_one();
     }
-}
-
-/// What the dispatcher has done since it started (for `status`, logs, tests).
-#[derive(Debug, Default)]
-struct Counters {
-    sent: AtomicU64,
-    failed: AtomicU64,
-    parked: AtomicU64,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DispatchCounts {
-    pub sent: u64,
-    pub failed: u64,
-    pub parked: u64,
-    pub purged: u64,
 }
 
 /// One round's result.
@@ -158,7 +237,8 @@ pub struct Dispatcher {
     destination: Destination,
     settings: DispatchSettings,
     announcer: Announcer,
-    counters: Counters,
+    /// Announcements sent since this started.
+    sent: AtomicU64,
     /// Dispatched rows past the retention deleted, beside the rounds.
     retention: Arc<Retention>,
     /// The hand-off's refusals already logged.
@@ -182,7 +262,7 @@ impl Dispatcher {
             settings,
             retention,
             announcer: Announcer::default(),
-            counters: Counters::default(),
+            sent: AtomicU64::new(0),
             refused_seen: AtomicU64::new(0),
         }
     }
@@ -196,14 +276,10 @@ impl Dispatcher {
         self.destination.describe()
     }
 
-    pub fn counts(&self) -> DispatchCounts {
-        let c = &self.counters;
-        DispatchCounts {
-            sent: c.sent.load(Ordering::Relaxed),
-            failed: c.failed.load(Ordering::Relaxed),
-            parked: c.parked.load(Ordering::Relaxed),
-            purged: self.retention.purged(),
-        }
+    /// Announcements this dispatcher sent (and marked) since it started:
+    /// what the outbox bench waits on without a scan of the outbox.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     /// One claim's worth: send, mark the sent, defer the failed.
@@ -236,15 +312,14 @@ impl Dispatcher {
     async fn drain_born(&self, handoff: &Handoff) -> Result<(), StoreError> {
         let refused = handoff.refused();
         let before = self.refused_seen.swap(refused, Ordering::Relaxed);
-        if refused > before {
+        if let Some(new) = newly_refused(before, refused) {
             log::warn!(
-                "outbox: {} announcements not handed to the dispatcher ({} wait already): it is behind; they are sent once their lease ends ({} s)",
-                refused - before,
+                "outbox: {new} announcements not handed to the dispatcher ({} wait already): it is behind; they are sent once their lease ends ({} s)",
                 Handoff::CAPACITY,
                 handoff.lease.as_secs()
             );
         }
-        while self.send_born(handoff).await?.claimed >= self.settings.batch as usize {}
+        while full(self.send_born(handoff).await?.claimed, self.settings.batch) {}
         Ok(())
     }
 
@@ -290,17 +365,14 @@ impl Dispatcher {
         if !sent.is_empty() {
             self.store.mark_announced(&sent).await?;
             round.sent = sent.len();
-            self.counters
-                .sent
-                .fetch_add(sent.len() as u64, Ordering::Relaxed);
+            self.sent.fetch_add(sent.len() as u64, Ordering::Relaxed);
         }
-        // One line a round, not a line a row: an outage of the destination
-        // fails every row of every round alike.
-        let mut parked = 0;
-        for (row, failure) in &failed {
-            let d = deferral(row, failure, row.attempts + 1);
+        let deferrals: Vec<Deferral> = failed
+            .iter()
+            .map(|(row, failure)| deferral(row, failure, row.attempts + 1))
+            .collect();
+        for ((row, _), d) in failed.iter().zip(&deferrals) {
             if d.park {
-                parked += 1;
                 log::error!(
                     "announcement {} of order {} parked: {}; `order-guard outbox retry {}` sends it again once the cause is fixed",
                     row.message_id,
@@ -309,23 +381,12 @@ impl Dispatcher {
                     row.message_id
                 );
             }
-            self.store.defer_announcement(token, &d).await?;
+            self.store.defer_announcement(token, d).await?;
         }
-        if let Some((row, failure)) = failed.first() {
-            log::warn!(
-                "outbox: {} of {} announcements not sent in this dispatch round ({} parked): {}; the others are tried again from {} s on",
-                failed.len(),
-                round.claimed,
-                parked,
-                failure.message,
-                retry_in(row.attempts + 1).as_secs()
-            );
+        if let Some(line) = failures_line(&deferrals, round.claimed) {
+            log::warn!("{line}");
         }
         round.failed = failed.len();
-        self.counters
-            .failed
-            .fetch_add(failed.len() as u64, Ordering::Relaxed);
-        self.counters.parked.fetch_add(parked, Ordering::Relaxed);
         Ok(round)
     }
 
@@ -335,16 +396,10 @@ impl Dispatcher {
         loop {
             let round = self.round().await?;
             sent += round.sent;
-            if round.claimed < self.settings.batch as usize || round.sent == 0 {
+            if drained(&round, self.settings.batch) {
                 return Ok(sent);
             }
         }
-    }
-
-    /// One pass of the retention ([`Retention::purge`]): dispatched rows
-    /// past it deleted.
-    pub async fn purge(&self) -> Result<u64, StoreError> {
-        self.retention.purge().await
     }
 
     /// Start [`Self::run`] on a task of its own. The rows this process
@@ -366,58 +421,36 @@ impl Dispatcher {
     /// (the rows stay; nothing is lost).
     pub async fn run(self: Arc<Self>) {
         // Ends with this loop (dropped with it).
-        let _retention = AbortOnDrop(self.retention.spawn());
+        let _retention = AbortOnDropHandle::new(self.retention.spawn());
         let handoff = self.store.hand_over_announcements(self.settings.lease);
         let wake = Arc::clone(&self.announcer.0);
-        // A store that cannot be used (down, or its schema not verified
-        // yet) is said once, and its return once, not every poll.
+        let mut claims = ClaimTimer::new(self.settings.poll, Instant::now(), handoff.is_some());
         let mut failing = false;
-        let mut next_claim = tokio::time::Instant::now();
         loop {
             let born = match &handoff {
                 Some(h) => self.drain_born(h).await,
                 None => Ok(()),
             };
-            // The claim runs whatever the born rows' round did; the next
-            // one `poll` after this one ends.
-            let claimed = if handoff.is_none() || tokio::time::Instant::now() >= next_claim {
+            // The claim runs whatever the born rows' round did.
+            let claimed = if claims.due(Instant::now()) {
                 let claimed = self.drain().await.map(|_| ());
-                next_claim = tokio::time::Instant::now() + self.settings.poll;
+                claims.claimed(Instant::now());
                 claimed
             } else {
                 Ok(())
             };
-            match born.and(claimed) {
-                Err(e) if !failing => {
-                    failing = true;
-                    log::warn!(
-                        "outbox: dispatch round failed ({e}); the rows stay and are tried again every {} s",
-                        self.settings.poll.as_secs()
-                    );
-                }
-                Err(e) => log::debug!("outbox: dispatch round failed again ({e})"),
-                Ok(()) if failing => {
-                    failing = false;
-                    log::info!("outbox: dispatch rounds work again");
-                }
-                Ok(()) => {}
+            let error = born.and(claimed).err().map(|e| e.to_string());
+            if let Some((level, line)) = said(failing, error.as_deref(), self.settings.poll) {
+                log::log!(level, "{line}");
             }
+            failing = error.is_some();
             tokio::select! {
                 // Batching, not synchronisation: the orders executed in the
                 // next few milliseconds share the dispatch round.
                 () = wake.notified() => tokio::time::sleep(self.settings.linger).await,
-                () = tokio::time::sleep_until(next_claim) => {}
+                () = tokio::time::sleep_until(claims.next().into()) => {}
             }
         }
-    }
-}
-
-/// A task aborted when this is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -431,6 +464,97 @@ mod tests {
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
         assert_eq!(retry_in(0), Duration::from_secs(1));
         assert_eq!(retry_in(i64::MAX), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn only_a_full_round_is_followed_by_another_at_once() {
+        assert!(full(64, 64));
+        assert!(!full(63, 64));
+        assert!(!full(0, 64));
+        assert!(full(1, 1));
+    }
+
+    #[test]
+    fn a_drain_goes_on_only_after_a_full_round_that_sent() {
+        let round = |claimed, sent| Round {
+            claimed,
+            sent,
+            failed: claimed - sent,
+        };
+        assert!(!drained(&round(64, 64), 64));
+        assert!(!drained(&round(64, 1), 64));
+        assert!(drained(&round(63, 63), 64));
+        assert!(drained(&round(64, 0), 64));
+        assert!(drained(&round(0, 0), 64));
+    }
+
+    #[test]
+    fn a_claim_runs_at_once_then_a_poll_after_each_claim_ends() {
+        let (t0, poll) = (Instant::now(), Duration::from_secs(5));
+        let mut claims = ClaimTimer::new(poll, t0, true);
+        assert!(claims.due(t0));
+        claims.claimed(t0 + Duration::from_secs(1));
+        assert_eq!(claims.next(), t0 + Duration::from_secs(6));
+        assert!(!claims.due(t0 + Duration::from_secs(5)));
+        assert!(claims.due(t0 + Duration::from_secs(6)));
+        // Where the store hands nothing over, every round claims.
+        let mut every = ClaimTimer::new(poll, t0, false);
+        every.claimed(t0);
+        assert!(every.due(t0));
+    }
+
+    #[test]
+    fn a_failing_store_is_said_once_and_its_return_once() {
+        let poll = Duration::from_secs(5);
+        assert_eq!(said(false, None, poll), None);
+        assert_eq!(
+            said(false, Some("down"), poll),
+            Some((
+                log::Level::Warn,
+                "outbox: dispatch round failed (down); the rows stay and are tried again every 5 s"
+                    .into()
+            ))
+        );
+        assert_eq!(
+            said(true, Some("down"), poll),
+            Some((
+                log::Level::Debug,
+                "outbox: dispatch round failed again (down)".into()
+            ))
+        );
+        assert_eq!(
+            said(true, None, poll),
+            Some((
+                log::Level::Info,
+                "outbox: dispatch rounds work again".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_round_says_its_failures_in_one_line() {
+        let row = crate::store::Announcement::sample("o");
+        assert_eq!(failures_line(&[], 3), None);
+        let down = deferral(&row, &SendFailure::waits("503"), 2);
+        let too_large = SendFailure::refused("413");
+        let refused = crate::store::Announcement {
+            last_error: Some(deferral(&row, &too_large, 1).error),
+            ..row.clone()
+        };
+        let parked = deferral(&refused, &too_large, 2);
+        assert!(parked.park);
+        assert_eq!(
+            failures_line(&[down, parked], 3).as_deref(),
+            Some("outbox: 2 of 3 announcements not sent in this dispatch round (1 parked): 503; the others are tried again from 2 s on")
+        );
+    }
+
+    #[test]
+    fn a_round_says_only_the_refusals_new_since_the_last() {
+        assert_eq!(newly_refused(0, 0), None);
+        assert_eq!(newly_refused(0, 1), Some(1));
+        assert_eq!(newly_refused(3, 5), Some(2));
+        assert_eq!(newly_refused(5, 5), None);
     }
 
     #[test]

@@ -14,9 +14,10 @@
 //! destination set later would send the whole history to a new consumer.
 //! So a destination set later sends what fell due within the retention.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::store::{Expired, OrderStore, StoreError};
 
@@ -57,20 +58,10 @@ pub struct RetentionSettings {
     pub rest: u32,
 }
 
-/// A task aborted when this is dropped.
-struct Aborted(tokio::task::JoinHandle<()>);
-
-impl Drop for Aborted {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 pub struct Retention {
     store: Arc<dyn OrderStore>,
     settings: RetentionSettings,
     expired: Expired,
-    purged: AtomicU64,
 }
 
 impl Retention {
@@ -79,13 +70,7 @@ impl Retention {
             store,
             settings,
             expired,
-            purged: AtomicU64::new(0),
         }
-    }
-
-    /// Rows deleted since this started.
-    pub fn purged(&self) -> u64 {
-        self.purged.load(Ordering::Relaxed)
     }
 
     /// One pass: delete the rows past the retention, a batch at a time,
@@ -100,7 +85,6 @@ impl Retention {
                 .purge_announced(keep, batch, self.expired)
                 .await?;
             purged += n;
-            self.purged.fetch_add(n, Ordering::Relaxed);
             match purge_pause(n, batch, started.elapsed(), rest) {
                 Some(rest) => tokio::time::sleep(rest).await,
                 None => return Ok(purged),
@@ -132,8 +116,8 @@ impl Retention {
         let me = Arc::clone(self);
         tokio::spawn(async move {
             loop {
-                let mut pass = Aborted(tokio::spawn(Arc::clone(&me).run()));
-                let ended = (&mut pass.0).await;
+                // Aborted with this task (dropped with it).
+                let ended = AbortOnDropHandle::new(tokio::spawn(Arc::clone(&me).run())).await;
                 log::error!(
                     "outbox: the retention task ended unexpectedly ({}); started again",
                     match ended {
