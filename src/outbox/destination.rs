@@ -217,6 +217,37 @@ mod tests {
     use super::super::pack::{pack, REFUSED};
     use super::*;
 
+    /// The `outbox_send` fault point answers as the chaos audit sets it: a
+    /// status as the destination's answer (a 413 refuses the pack's
+    /// events), `slow` as the real send two seconds late, anything else
+    /// as a failed request. (No other test of this binary posts.)
+    #[cfg(feature = "failpoints")]
+    #[tokio::test]
+    async fn the_send_fault_point_answers_as_it_is_set() {
+        async fn set(action: &str) -> (Option<Result<(), Refusal>>, Duration) {
+            fail::cfg(crate::faults::OUTBOX_SEND, action).unwrap();
+            let started = std::time::Instant::now();
+            let got = injected_send_fault().await;
+            fail::remove(crate::faults::OUTBOX_SEND);
+            (got, started.elapsed())
+        }
+        assert!(set("off").await.0.is_none());
+        let (slow, took) = set("return(slow)").await;
+        assert!(slow.is_none() && took >= Duration::from_secs(2), "{took:?}");
+        assert!(matches!(
+            set("return(413)").await.0,
+            Some(Err(Refusal::Events { certain: true, .. }))
+        ));
+        assert!(matches!(
+            set("return(503)").await.0,
+            Some(Err(Refusal::Request(m))) if m.contains("answered 503")
+        ));
+        assert!(matches!(
+            set("return(error)").await.0,
+            Some(Err(Refusal::Request(m))) if m == "fault injected at outbox_send"
+        ));
+    }
+
     fn events(sizes: &[usize]) -> Vec<String> {
         sizes.iter().map(|n| "x".repeat(*n)).collect()
     }
