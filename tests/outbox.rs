@@ -424,8 +424,11 @@ async fn a_dispatcher_killed_between_send_and_mark_repeats_only_that_id() {
     let store: Arc<dyn OrderStore> = store;
     let o = order(&unique_id("ord"), &unique_id("acct"), "buy", "2");
     execute_all(&store, std::slice::from_ref(&o)).await;
-    let lease = Duration::from_millis(300);
+    // Long enough that a send under a loaded machine ends within its
+    // window (half of it), so this sends it just once more.
+    let lease = Duration::from_secs(2);
     // The one that died: claimed, sent, never marked.
+    let started = Instant::now();
     let claim = store.claim_announcements(10, lease).await.unwrap();
     assert_eq!(claim.rows.len(), 1);
     let first = QueueDestination::new(queue_settings(&azurite, "order-executed"));
@@ -446,7 +449,6 @@ async fn a_dispatcher_killed_between_send_and_mark_repeats_only_that_id() {
             ..DispatchSettings::default()
         },
     );
-    let started = Instant::now();
     let mut sent = 0;
     while sent == 0 {
         assert!(
