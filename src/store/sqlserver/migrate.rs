@@ -164,7 +164,25 @@ pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated
 /// [`sql::reader_role_batches`]: the operator's read-only role and its
 /// grants, made or made again (the admin's `migrate`, every run).
 pub async fn make_reader_role(client: &mut Client) -> Result<(), SqlError> {
-    for batch in sql::reader_role_batches() {
+    let mut batches = sql::reader_role_batches().into_iter();
+    if let Some(create) = batches.next() {
+        if let Err(e) = run(client, &create).await {
+            // Another `migrate` made the role between this one's check and
+            // its CREATE (SQL Server answers 15023, a compatible engine a
+            // unique violation): made is made.
+            let made = client
+                .simple_query(sql::READER_ROLE_EXISTS)
+                .await?
+                .into_row()
+                .await?
+                .and_then(|r| r.get::<i32, _>(0))
+                == Some(1);
+            if !made {
+                return Err(e);
+            }
+        }
+    }
+    for batch in batches {
         run(client, &batch).await?;
     }
     Ok(())

@@ -259,6 +259,10 @@ pub const READER_TABLES: &[&str] = &[
     "dbo.Outbox",
 ];
 
+/// 1 when [`READER_ROLE`] exists, else 0.
+pub const READER_ROLE_EXISTS: &str =
+    "SELECT CASE WHEN DATABASE_PRINCIPAL_ID(N'order_guard_reader') IS NULL THEN 0 ELSE 1 END";
+
 /// What `migrate` runs, as the admin, every time (the schema current or
 /// not): [`READER_ROLE`] made if missing, then its grants, one batch each
 /// (a role is granted to once it exists). Idempotent.
