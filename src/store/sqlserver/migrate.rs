@@ -111,6 +111,16 @@ async fn last_int(client: &mut Client, statement: &str, p1: i32) -> Result<Optio
         .and_then(|r| r.get::<i32, _>(0)))
 }
 
+/// The first column of the first row `statement` answers (no parameters).
+async fn first_int(client: &mut Client, statement: &str) -> Result<Option<i32>, SqlError> {
+    Ok(client
+        .simple_query(statement)
+        .await?
+        .into_row()
+        .await?
+        .and_then(|r| r.get::<i32, _>(0)))
+}
+
 /// Migrate on `client` (see the module documentation).
 pub async fn migrate_on(client: &mut Client, bounds: &Bounds) -> Result<Migrated, SqlError> {
     let state = schema_state(client).await?;
@@ -170,13 +180,7 @@ pub async fn make_reader_role(client: &mut Client) -> Result<(), SqlError> {
             // Another `migrate` made the role between this one's check and
             // its CREATE (SQL Server answers 15023, a compatible engine a
             // unique violation): made is made.
-            let made = client
-                .simple_query(sql::READER_ROLE_EXISTS)
-                .await?
-                .into_row()
-                .await?
-                .and_then(|r| r.get::<i32, _>(0))
-                == Some(1);
+            let made = first_int(client, sql::READER_ROLE_EXISTS).await? == Some(1);
             if !made {
                 return Err(e);
             }
@@ -210,12 +214,8 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// The version 2 → 3 conversion of positions, `batch_rows` at a time, each
 /// batch committed; until a batch finds nothing left.
 async fn convert_positions(client: &mut Client, batch_rows: u32) -> Result<u64, SqlError> {
-    let pending = client
-        .simple_query(sql::POSITIONS_TO_CONVERT)
+    let pending = first_int(client, sql::POSITIONS_TO_CONVERT)
         .await?
-        .into_row()
-        .await?
-        .and_then(|r| r.get::<i32, _>(0))
         .unwrap_or(0);
     if pending == 0 {
         return Ok(0);
