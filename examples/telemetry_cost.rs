@@ -102,7 +102,7 @@ async fn measure(rounds: usize, window: Duration) -> anyhow::Result<()> {
         }
         let telemetry = match sampling {
             None => None,
-            Some(sampling) => Telemetry::start(&settings(port, sampling))?,
+            Some(sampling) => Telemetry::start(&settings(port, sampling), None)?,
         };
         let store = SqliteStore::open(
             &scratch.path().join(format!("{i}.db")),

@@ -14,7 +14,7 @@ use crate::entra::{TokenSource, REDIS_SCOPE};
 use crate::guard::{EntraCredentials, IdempotencyGuard, MemoryGuard, RedisGuard, Topology};
 use crate::processor::Processor;
 use crate::store::{OrderStore, SqlServerStore, SqliteStore};
-use crate::telemetry::Telemetry;
+use crate::telemetry::{IngestionTokens, Telemetry, MONITOR_SCOPE};
 
 /// How long one Entra ID token request for Redis may take (per link of the
 /// credential chain): an identity endpoint is slower than a Redis call.
@@ -189,7 +189,48 @@ pub(super) enum Start {
 
 /// The exporters `config.telemetry` asks for (`None`: nothing exported).
 pub fn start_telemetry(config: &Config) -> anyhow::Result<Option<Telemetry>> {
-    Ok(Telemetry::start(&config.telemetry)?)
+    Ok(Telemetry::start(
+        &config.telemetry,
+        ingestion_tokens(config)?,
+    )?)
+}
+
+/// Application Insights' upload tokens, when its authentication string asks
+/// for Entra ID: the managed identity it names, as the Functions host signs
+/// in with.
+pub fn ingestion_tokens(config: &Config) -> anyhow::Result<Option<Arc<dyn IngestionTokens>>> {
+    let sign_in = config
+        .telemetry
+        .application_insights
+        .as_ref()
+        .and_then(|ai| ai.entra.as_ref());
+    let tokens = match sign_in {
+        None => None,
+        Some(sign_in) => {
+            let source = TokenSource::managed_identity(
+                sign_in.client_id.clone(),
+                MONITOR_SCOPE,
+                ENTRA_TOKEN_TIMEOUT,
+            )
+            .context("APPLICATIONINSIGHTS_AUTHENTICATION_STRING")?;
+            Some(Arc::new(MonitorTokens(source)) as Arc<dyn IngestionTokens>)
+        }
+    };
+    Ok(tokens)
+}
+
+/// Application Insights' ingestion tokens from an Entra ID token source.
+struct MonitorTokens(TokenSource);
+
+#[async_trait::async_trait]
+impl IngestionTokens for MonitorTokens {
+    async fn token(&self) -> Result<String, String> {
+        self.0.token().await.map_err(|e| e.to_string())
+    }
+
+    fn description(&self) -> String {
+        self.0.description().to_string()
+    }
 }
 
 /// [`build_processor`], reporting to `telemetry` (its events and the

@@ -13,7 +13,7 @@ mod webhook;
 
 pub use self::build::{
     build_checked_guard, build_command_processor, build_guard, build_processor,
-    build_processor_with, build_store, describe, start_telemetry, NewFile,
+    build_processor_with, build_store, describe, ingestion_tokens, start_telemetry, NewFile,
 };
 pub use self::dead_letters::{
     dead_letter_container, dead_letters_list, dead_letters_replay, refuse_embedded_state,

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use super::{err, parse_num, ConfigError};
 use crate::telemetry::{
-    AppInsightsSettings, OtlpSettings, Sampling, TelemetrySettings, DEFAULT_TRACES_PER_SECOND,
+    AppInsightsSettings, EntraSignIn, OtlpSettings, Sampling, TelemetrySettings,
+    DEFAULT_TRACES_PER_SECOND,
 };
 
 /// The settings, through `val` (trimmed, empty as unset).
@@ -62,10 +63,14 @@ pub(super) fn telemetry(
             })
         }
     };
+    let entra = val("APPLICATIONINSIGHTS_AUTHENTICATION_STRING")
+        .map(|v| authentication(&v))
+        .transpose()?;
     let application_insights = val("APPLICATIONINSIGHTS_CONNECTION_STRING")
         .map(|v| application_insights(&v))
         .transpose()?
-        .filter(|_| !disabled);
+        .filter(|_| !disabled)
+        .map(|ai| AppInsightsSettings { entra, ..ai });
     let sampling = sampling(
         val("OTEL_TRACES_SAMPLER").as_deref(),
         val("OTEL_TRACES_SAMPLER_ARG").as_deref(),
@@ -202,8 +207,11 @@ fn application_insights(v: &str) -> Result<AppInsightsSettings, ConfigError> {
             "has no InstrumentationKey: copy the whole connection string of the Application Insights resource (the value is not shown)",
         ));
     }
+    // The exporter sends to an http:// endpoint over https:// (the
+    // ingestion API is HTTPS only): the logs name what it does.
     let ingestion_endpoint = match endpoint {
-        Some(e) if e.starts_with("https://") || e.starts_with("http://") => e.to_string(),
+        Some(e) if e.starts_with("https://") => e.to_string(),
+        Some(e) if e.starts_with("http://") => e.replacen("http://", "https://", 1),
         Some(_) => {
             return Err(err(
                 VAR,
@@ -215,7 +223,51 @@ fn application_insights(v: &str) -> Result<AppInsightsSettings, ConfigError> {
     Ok(AppInsightsSettings {
         connection_string: v.to_string(),
         ingestion_endpoint,
+        entra: None,
     })
+}
+
+/// `APPLICATIONINSIGHTS_AUTHENTICATION_STRING`, as the Functions host and
+/// Microsoft's SDKs read it: `Authorization=AAD` signs the uploads in with
+/// a managed identity, `ClientId=<id>` names a user-assigned one (keys in
+/// any case). Anything else is refused: a value the handler ignored would
+/// leave its telemetry refused by a resource with local authentication off.
+fn authentication(v: &str) -> Result<EntraSignIn, ConfigError> {
+    const VAR: &str = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING";
+    let mut aad = false;
+    let mut client_id = None;
+    for part in v.split(';').filter(|p| !p.trim().is_empty()) {
+        let (k, value) = part.split_once('=').ok_or_else(|| {
+            err(
+                VAR,
+                format!("expected Authorization=AAD[;ClientId=<client id>], got {part:?}"),
+            )
+        })?;
+        match k.trim().to_ascii_lowercase().as_str() {
+            "authorization" if value.trim().eq_ignore_ascii_case("aad") => aad = true,
+            "authorization" => {
+                return Err(err(
+                    VAR,
+                    format!("Authorization must be AAD (Microsoft Entra ID), got {:?}", value.trim()),
+                ))
+            }
+            "clientid" if !value.trim().is_empty() => client_id = Some(value.trim().to_string()),
+            "clientid" => return Err(err(VAR, "ClientId is empty: name the user-assigned identity's client id, or leave ClientId out for the system-assigned one")),
+            other => {
+                return Err(err(
+                    VAR,
+                    format!("unknown key {other:?}: expected Authorization=AAD[;ClientId=<client id>]"),
+                ))
+            }
+        }
+    }
+    if !aad {
+        return Err(err(
+            VAR,
+            "has no Authorization=AAD: expected Authorization=AAD[;ClientId=<client id>]",
+        ));
+    }
+    Ok(EntraSignIn { client_id })
 }
 
 /// `key=value,key=value`, values percent-decoded (the OTLP exporter
@@ -345,6 +397,52 @@ mod tests {
         ])
         .unwrap();
         assert!(off.application_insights.is_none());
+    }
+
+    #[test]
+    fn entra_sign_in_from_the_authentication_string() {
+        let with = |auth: &str| {
+            settings(&[
+                ("APPLICATIONINSIGHTS_CONNECTION_STRING", CONNECTION),
+                ("APPLICATIONINSIGHTS_AUTHENTICATION_STRING", auth),
+            ])
+        };
+        let ai = |auth: &str| with(auth).unwrap().application_insights.unwrap();
+        assert_eq!(
+            ai("Authorization=AAD;ClientId=11111111-2222-3333-4444-555555555555").entra,
+            Some(EntraSignIn {
+                client_id: Some("11111111-2222-3333-4444-555555555555".into())
+            })
+        );
+        assert_eq!(
+            ai("authorization=aad").entra,
+            Some(EntraSignIn { client_id: None })
+        );
+        let key_only = settings(&[("APPLICATIONINSIGHTS_CONNECTION_STRING", CONNECTION)]).unwrap();
+        assert_eq!(key_only.application_insights.unwrap().entra, None);
+        for bad in [
+            "ClientId=abc",
+            "Authorization=Key",
+            "Authorization=AAD;ClientId=",
+            "Authorization=AAD;Secret=x",
+            "AAD",
+        ] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.var, "APPLICATIONINSIGHTS_AUTHENTICATION_STRING", "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_logs_name_the_scheme_the_exporter_uses() {
+        let s = settings(&[(
+            "APPLICATIONINSIGHTS_CONNECTION_STRING",
+            "InstrumentationKey=0f1e2d3c;IngestionEndpoint=http://ingest.example/",
+        )])
+        .unwrap();
+        assert_eq!(
+            s.application_insights.unwrap().ingestion_endpoint,
+            "https://ingest.example"
+        );
     }
 
     #[test]

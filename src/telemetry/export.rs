@@ -14,6 +14,7 @@
 //! (`sampling.rs`) decides for both pipelines which traces are exported.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::trace::TracerProvider;
@@ -21,12 +22,16 @@ use opentelemetry::KeyValue;
 use opentelemetry_http::HttpClient;
 use opentelemetry_otlp::{Protocol, RetryPolicy, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
+use opentelemetry_sdk::metrics::{
+    MeterProviderBuilder, PeriodicReader, SdkMeterProvider, Temporality,
+};
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanExporter, Tracer,
+    TracerProviderBuilder,
 };
 use opentelemetry_sdk::Resource;
 
+use super::entra::{IngestionTokens, SignedIn};
 use super::pipeline::{self, Counted, Kind};
 use super::{AppInsightsSettings, OtlpSettings, Sampling, TelemetryError, TelemetrySettings};
 
@@ -44,6 +49,7 @@ impl Providers {
     pub(super) fn new<C, F>(
         settings: &TelemetrySettings,
         client: F,
+        tokens: Option<Arc<dyn IngestionTokens>>,
     ) -> Result<Providers, TelemetryError>
     where
         C: HttpClient + Clone + 'static,
@@ -77,13 +83,25 @@ impl Providers {
             pipelines.push(counted);
         }
         if let Some(ai) = &settings.application_insights {
-            let exporter = app_insights_exporter(ai, client()?, settings.sampling)?;
             let to = format!("Application Insights at {}", ai.ingestion_endpoint);
             let counted = Counted::new(Kind::ApplicationInsights, settings.span_queue, &to, &to);
-            tracers = tracers.with_span_processor(
-                counted.gate(batch(settings, counted.span_exporter(exporter.clone()))),
-            );
-            meters = meters.with_reader(periodic(settings, counted.metric_exporter(exporter)));
+            let client = client()?;
+            (tracers, meters) = if ai.entra.is_some() {
+                let tokens = tokens.ok_or_else(|| {
+                    TelemetryError(
+                        "APPLICATIONINSIGHTS_AUTHENTICATION_STRING asks for Entra ID and no token source was given".into(),
+                    )
+                })?;
+                let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+                    TelemetryError("Entra ID sign-in needs the tokio runtime to be running".into())
+                })?;
+                let signed_in = SignedIn::new(client, tokens, runtime);
+                let exporter = app_insights_exporter(ai, signed_in, settings.sampling)?;
+                with_exporter(settings, &counted, tracers, meters, exporter)
+            } else {
+                let exporter = app_insights_exporter(ai, client, settings.sampling)?;
+                with_exporter(settings, &counted, tracers, meters, exporter)
+            };
             pipelines.push(counted);
         }
         let providers = Providers {
@@ -112,6 +130,25 @@ impl Providers {
             (spans, metrics) => Err(format!("spans: {spans:?}; metrics: {metrics:?}")),
         }
     }
+}
+
+/// The providers' builders with `exporter` (both signals) added, counted
+/// by `counted`.
+fn with_exporter<E>(
+    settings: &TelemetrySettings,
+    counted: &Counted,
+    tracers: TracerProviderBuilder,
+    meters: MeterProviderBuilder,
+    exporter: E,
+) -> (TracerProviderBuilder, MeterProviderBuilder)
+where
+    E: SpanExporter + PushMetricExporter + Clone + 'static,
+{
+    let tracers = tracers.with_span_processor(
+        counted.gate(batch(settings, counted.span_exporter(exporter.clone()))),
+    );
+    let meters = meters.with_reader(periodic(settings, counted.metric_exporter(exporter)));
+    (tracers, meters)
 }
 
 /// The batch span processor: a bounded queue, its own thread (its queue's

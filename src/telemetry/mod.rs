@@ -26,6 +26,7 @@
 //!   out is dropped where it starts and costs the decision; metrics are
 //!   never sampled.
 
+mod entra;
 mod export;
 mod instruments;
 mod pipeline;
@@ -35,6 +36,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use entra::{IngestionTokens, MONITOR_SCOPE};
 pub use instruments::{
     CacheReport, EventReport, EventTelemetry, LoadReport, LoadSource, PoolReport, StepTiming,
 };
@@ -98,8 +100,20 @@ pub struct AppInsightsSettings {
     /// The whole connection string: it holds the instrumentation key, so it
     /// is never shown (not by `Debug`, not in a log line).
     pub connection_string: String,
-    /// Where the telemetry goes (its `IngestionEndpoint`), for the logs.
+    /// Where the telemetry goes (its `IngestionEndpoint`, with the scheme
+    /// the exporter uses: always `https://`), for the logs.
     pub ingestion_endpoint: String,
+    /// Sign in with Microsoft Entra ID
+    /// (`APPLICATIONINSIGHTS_AUTHENTICATION_STRING=Authorization=AAD`):
+    /// uploads carry an identity's token, not only the key (`entra.rs`).
+    pub entra: Option<EntraSignIn>,
+}
+
+/// Which identity signs the uploads in: `ClientId=` of the authentication
+/// string names a user-assigned one; without it, the system-assigned one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntraSignIn {
+    pub client_id: Option<String>,
 }
 
 impl std::fmt::Debug for AppInsightsSettings {
@@ -107,6 +121,7 @@ impl std::fmt::Debug for AppInsightsSettings {
         f.debug_struct("AppInsightsSettings")
             .field("connection_string", &"(not shown)")
             .field("ingestion_endpoint", &self.ingestion_endpoint)
+            .field("entra", &self.entra)
             .finish()
     }
 }
@@ -146,8 +161,15 @@ impl Telemetry {
     /// Start the exporters `settings` asks for; `None` when it asks for
     /// none. An exporter that cannot be built (a malformed endpoint) is an
     /// error: the start stops, naming it.
-    pub fn start(settings: &TelemetrySettings) -> Result<Option<Telemetry>, TelemetryError> {
-        Telemetry::start_with(settings, export::blocking_client)
+    ///
+    /// `tokens` signs Application Insights' uploads in when the settings
+    /// ask for Entra ID ([`AppInsightsSettings::entra`]); called within the
+    /// tokio runtime, which then runs the token requests.
+    pub fn start(
+        settings: &TelemetrySettings,
+        tokens: Option<Arc<dyn IngestionTokens>>,
+    ) -> Result<Option<Telemetry>, TelemetryError> {
+        Telemetry::start_with(settings, export::blocking_client, tokens)
     }
 
     /// [`Telemetry::start`] with the Application Insights exporter's HTTP
@@ -156,6 +178,7 @@ impl Telemetry {
     pub fn start_with<C, F>(
         settings: &TelemetrySettings,
         client: F,
+        tokens: Option<Arc<dyn IngestionTokens>>,
     ) -> Result<Option<Telemetry>, TelemetryError>
     where
         C: opentelemetry_http::HttpClient + Clone + 'static,
@@ -164,7 +187,8 @@ impl Telemetry {
         if settings.otlp.is_none() && settings.application_insights.is_none() {
             return Ok(None);
         }
-        let providers = export::Providers::new(settings, client)?;
+        let tokens_from = tokens.as_ref().map(|t| t.description());
+        let providers = export::Providers::new(settings, client, tokens)?;
         let events = Arc::new(EventTelemetry::new(providers.meter(), providers.tracer()));
         let every = settings.metric_interval.as_secs_f64();
         if let Some(otlp) = &settings.otlp {
@@ -175,8 +199,12 @@ impl Telemetry {
             );
         }
         if let Some(ai) = &settings.application_insights {
+            let signed = match (&ai.entra, &tokens_from) {
+                (Some(_), Some(from)) => format!("signed in with Entra ID: {from}"),
+                _ => "with the connection string's key".to_string(),
+            };
             log::info!(
-                "telemetry: Application Insights at {} (metrics every {every} s)",
+                "telemetry: Application Insights at {}, {signed} (metrics every {every} s)",
                 ai.ingestion_endpoint
             );
         }
@@ -236,7 +264,7 @@ mod tests {
 
     #[test]
     fn nothing_configured_starts_nothing() {
-        let started = Telemetry::start(&TelemetrySettings::default()).expect("no error");
+        let started = Telemetry::start(&TelemetrySettings::default(), None).expect("no error");
         assert!(started.is_none(), "an exporter ran with nothing configured");
     }
 
@@ -252,6 +280,7 @@ mod tests {
             application_insights: Some(AppInsightsSettings {
                 connection_string: "InstrumentationKey=0f1e2d3c".into(),
                 ingestion_endpoint: "https://x".into(),
+                entra: None,
             }),
             ..TelemetrySettings::default()
         };

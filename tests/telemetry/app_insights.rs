@@ -69,7 +69,7 @@ impl Ingestion {
 /// reqwest's blocking client, sending what the exporter asks for over
 /// plain HTTP (the loopback endpoint has no certificate).
 #[derive(Debug, Clone)]
-struct PlainHttp(reqwest::blocking::Client);
+pub(super) struct PlainHttp(reqwest::blocking::Client);
 
 #[async_trait]
 impl HttpClient for PlainHttp {
@@ -80,7 +80,7 @@ impl HttpClient for PlainHttp {
     }
 }
 
-fn plain_http() -> Result<PlainHttp, TelemetryError> {
+pub(super) fn plain_http() -> Result<PlainHttp, TelemetryError> {
     order_guard::tls::install_crypto_provider();
     std::thread::spawn(reqwest::blocking::Client::new)
         .join()
@@ -103,7 +103,7 @@ async fn application_insights_receives_requests_and_metrics() {
         !format!("{config:?}").contains(KEY),
         "the configuration shows the instrumentation key"
     );
-    let telemetry = Telemetry::start_with(&config.telemetry, plain_http)
+    let telemetry = Telemetry::start_with(&config.telemetry, plain_http, None)
         .expect("the exporter starts")
         .expect("a connection string turns telemetry on");
 
@@ -245,7 +245,7 @@ async fn burst(n: usize, vars: &[(&str, &str)]) -> (Ingestion, Duration) {
     .expect("the settings are accepted");
     let (store, _dir) = common::sqlite_store().await;
     let began = Instant::now();
-    let telemetry = Telemetry::start_with(&config.telemetry, plain_http)
+    let telemetry = Telemetry::start_with(&config.telemetry, plain_http, None)
         .expect("the exporter starts")
         .expect("a connection string turns telemetry on");
     let processor = Processor::new(common::memory_guard(), store, ProcessorSettings::default())

@@ -27,7 +27,7 @@ fn report(event_id: &str) -> EventReport<'_> {
 }
 
 fn start(settings: &TelemetrySettings) -> Telemetry {
-    Telemetry::start(settings)
+    Telemetry::start(settings, None)
         .expect("the exporters start")
         .expect("an endpoint turns telemetry on")
 }

@@ -15,6 +15,7 @@ use order_guard::telemetry::{OtlpSettings, TelemetrySettings};
 use serde_json::{json, Value};
 
 mod app_insights;
+mod app_insights_entra;
 #[path = "../common/mod.rs"]
 mod common;
 mod losses;

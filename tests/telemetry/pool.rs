@@ -39,7 +39,7 @@ async fn the_pools_logins_in_flight_are_a_gauge_by_state() {
     assert!(tried.iter().all(Result::is_err), "{tried:?}");
 
     let collector = Receiver::start();
-    let telemetry = Telemetry::start(&otlp_settings(&collector))
+    let telemetry = Telemetry::start(&otlp_settings(&collector), None)
         .unwrap()
         .expect("an endpoint turns telemetry on");
     let store: Arc<dyn OrderStore> = Arc::new(store);
