@@ -94,7 +94,7 @@ else
 fi
 
 # What the tests need and apt, npm or rustup installs when missing
-# (redis-server, Azurite, podman, the musl target and toolchain: one after
+# (redis-server, Azurite, podman, the musl target and Zig: one after
 # another, apt allows one at a time), in the background: fetching and
 # unpacking leave the CPU to fmt and clippy. After the engine's start,
 # which may install a library of its own.
@@ -117,7 +117,7 @@ step "checkov over infra/ (scripts/check-infra.sh)"
 scripts/check-infra.sh
 
 wait_for "scripts/ensure-azure-cli.sh" "$azure_cli" .tools/azure-cli.log
-wait_for "the tests' packages (redis-server, Azurite, podman, musl)" "$packages" .tools/packages.log
+wait_for "the tests' packages (redis-server, Azurite, podman, the musl target and Zig)" "$packages" .tools/packages.log
 cat .tools/packages.log
 step "cargo test --all-targets --features failpoints"
 cargo test --all-targets --features failpoints "$@"

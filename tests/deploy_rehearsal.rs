@@ -16,6 +16,9 @@
 use std::path::Path;
 use std::process::Command;
 
+#[path = "deploy_rehearsal/hooks.rs"]
+mod hooks;
+
 const DEPLOY: &str = include_str!("../docs/deploy.md");
 
 /// The text of each ```sh block, in order.

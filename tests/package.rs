@@ -7,8 +7,8 @@
 //! `FUNCTIONS_CUSTOMHANDLER_PORT` set) and sends an Event Grid invocation and
 //! its redelivery: `executed`, then `duplicate`.
 //!
-//! When the musl target cannot be installed, `package.sh` fails saying why
-//! and so does this test: it never passes on a glibc build.
+//! When the musl target or Zig cannot be installed, `package.sh` fails
+//! saying why and so does this test: it never passes on a glibc build.
 
 mod common;
 
@@ -26,13 +26,35 @@ use serde_json::Value;
 /// In the dev profile: what is checked here (the layout, the modes, the
 /// static link, the start and the answers) does not depend on the
 /// optimizer, and the release build for musl took 12 of CI's minutes.
+///
+/// With `sudo`, `apt-get` and `musl-gcc` first on `PATH` as stand-ins that
+/// fail and leave a mark: the build needs none of them (Zig compiles and
+/// links the C code), so it runs where users are, without root.
 fn build_package() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let poisoned = tempfile::tempdir().expect("temp dir");
+    let marks = poisoned.path().join("called");
+    for tool in ["sudo", "apt-get", "musl-gcc"] {
+        let path = poisoned.path().join(tool);
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\necho {tool} >> '{}'\nexit 1\n",
+                marks.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        poisoned.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let out = Command::new(root.join("scripts/package.sh"))
         .env("ORDER_GUARD_PACKAGE_PROFILE", "dev")
-        // No debug info: the test reads the layout, the link and the
-        // answers, not backtraces (a cold build 209 s against 292 s).
-        .env("CARGO_PROFILE_DEV_DEBUG", "false")
+        .env("PATH", path)
+        .env_remove("CC_x86_64_unknown_linux_musl")
         .current_dir(root)
         .stderr(Stdio::inherit())
         .output()
@@ -40,6 +62,11 @@ fn build_package() -> PathBuf {
     assert!(
         out.status.success(),
         "scripts/package.sh failed (its error is above): the package could not be built"
+    );
+    assert!(
+        !marks.exists(),
+        "the build called {}: it must need no root, no package manager and no musl-gcc",
+        std::fs::read_to_string(&marks).unwrap_or_default().trim()
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let zip = stdout
@@ -90,6 +117,19 @@ fn needs_dynamic_loader(binary: &Path) -> bool {
     String::from_utf8_lossy(&out.stdout).contains("program interpreter")
 }
 
+/// The ELF file's `.debug_*` sections.
+fn debug_sections(binary: &Path) -> Vec<String> {
+    let out = Command::new("readelf")
+        .args(["-S", "-W", &binary.display().to_string()])
+        .output()
+        .expect("readelf (binutils) is needed to inspect the binary");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with(".debug_"))
+        .map(str::to_string)
+        .collect()
+}
+
 #[tokio::test]
 async fn the_package_starts_as_the_host_starts_it_and_guards_orders() {
     let zip = build_package();
@@ -131,6 +171,11 @@ async fn the_package_starts_as_the_host_starts_it_and_guards_orders() {
     assert!(
         !needs_dynamic_loader(&binary),
         "{exe} in the package is dynamically linked: it must be a static (musl) binary"
+    );
+    let debug = debug_sections(&binary);
+    assert!(
+        debug.is_empty(),
+        "{exe} in the package carries debug info ({debug:?}): it is uploaded on every deploy and mapped on every start"
     );
 
     // A dead-lettered order waiting in Blob Storage (Azurite), for the
