@@ -211,6 +211,7 @@ output EVENT_GRID_TOPIC_NAME string = messaging.outputs.topicName
 output EVENT_GRID_TOPIC_ID string = messaging.outputs.topicId
 output EVENT_GRID_TOPIC_ENDPOINT string = messaging.outputs.topicEndpoint
 output DEAD_LETTER_CONTAINER_ID string = messaging.outputs.deadLetterContainerId
+output DEAD_LETTER_STORAGE_ACCOUNT_ID string = messaging.outputs.storageId
 output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.appInsightsName
 output ORDER_GUARD_WORKBOOK_ID string = alerts.outputs.workbookId
 output REDIS_URL string = '${data.outputs.redisHostName}:10000,ssl=True'

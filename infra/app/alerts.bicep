@@ -5,8 +5,8 @@
 // - Alert rules, each for a state that needs a person (docs/telemetry.md,
 //   "Alerts and what to run", names the command that looks into each):
 //     dead-lettered    Event Grid gave up on an order (topic metric)
-//     dropped          Event Grid dropped an order: not delivered, not
-//                      dead-lettered (topic metric)
+//     dropped          Event Grid dropped an order: not delivered, and
+//                      its dead-letter write failed (topic metric)
 //     operator-needed  a store failure no retry fixes: a right or the schema
 //                      missing (`order_guard.store.errors`, error.type
 //                      misconfigured or unmigrated)
@@ -65,7 +65,7 @@ var topicAlerts = [
     name: 'dropped'
     metric: 'DroppedEventCount'
     severity: 0
-    description: 'Event Grid dropped an order: neither delivered nor dead-lettered (the dead-letter write failed, or no subscription matched its type). Check the subscription (`az eventgrid event-subscription show`), the identity\'s role on the container, and have the publisher send the order again.'
+    description: 'Event Grid dropped an order: neither delivered nor dead-lettered (its retries ran out and the dead-letter write failed). Check the subscription (`az eventgrid event-subscription show`), the identity\'s role on the container, and have the publisher send the order again.'
   }
 ]
 

@@ -6,20 +6,26 @@
 //
 // The subscription itself is not made here: Event Grid checks that
 // OrderTrigger exists when it is made, which is true only once the package
-// is deployed. infra/hooks/postdeploy.sh makes it, with
-// `az eventgrid event-subscription create` (a PUT: the same command on
-// every `azd up`), from the outputs below (EVENT_GRID_TOPIC_ID,
-// AZURE_FUNCTION_APP_ID, DEAD_LETTER_CONTAINER_ID, AZURE_IDENTITY_ID,
-// ORDER_EVENT_TYPES). Its settings:
+// is deployed. infra/hooks/postdeploy.sh makes it from the outputs below
+// (EVENT_GRID_TOPIC_ID, AZURE_FUNCTION_APP_ID, AZURE_IDENTITY_ID,
+// DEAD_LETTER_STORAGE_ACCOUNT_ID, DEAD_LETTER_CONTAINER_ID,
+// ORDER_EVENT_TYPES), with a PUT of the eventSubscriptions API (the same
+// call on every `azd up` changes nothing): `az rest`, since
+// `az eventgrid event-subscription create` dead-letters only through a
+// system-assigned identity (--deadletter-identity systemassigned), and the
+// storage account, with shared keys off, takes Event Grid's writes only
+// signed in. docs/deploy.md step 9 has the same call. Its settings:
 //   name                 orders-to-guard
 //   endpoint             AzureFunction, <app id>/functions/OrderTrigger,
 //                        one event a batch (a batch is all-or-none in the
 //                        handler)
 //   event type filter    orderEventTypes (main.bicep; ORDER_EVENT_TYPES)
 //   retry policy         30 attempts, events live 1440 min (a day)
-//   dead letters         the container below (deadletters), written
-//                        through the user-assigned identity, which holds
-//                        Storage Blob Data Contributor on it (appOnContainer)
+//   dead letters         deadLetterWithResourceIdentity: the container
+//                        below (deadletters) in this account, written
+//                        through the user-assigned identity (on the topic),
+//                        which holds Storage Blob Data Contributor on it
+//                        (appOnContainer)
 param resourceToken string
 param location string
 param tags object
@@ -175,3 +181,4 @@ output topicEndpoint string = topic.properties.endpoint
 output topicName string = topic.name
 output topicId string = topic.id
 output deadLetterContainerId string = storage::blobs::deadLetters.id
+output storageId string = storage.id
