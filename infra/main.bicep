@@ -24,7 +24,10 @@ param environmentName string
 // list-flexconsumption-locations` and `az provider show --namespace
 // Microsoft.Cache --query "resourceTypes[?resourceType=='redisEnterprise'].locations"`
 // say which regions offer the first two; Azure SQL is in every public
-// region. README, "Deploy to Azure", says the same to the user.
+// region. Microsoft's Flex samples (Azure-Samples/
+// azure-functions-flex-consumption-samples, IaC/bicep/README.md,
+// "Supported Regions") send their users to the same command rather than
+// list regions. README, "Deploy to Azure", says the same to the user.
 @minLength(1)
 @description('Region of every resource: one that offers Flex Consumption, Azure Managed Redis and Azure SQL.')
 @metadata({
