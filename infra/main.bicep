@@ -55,7 +55,7 @@ param orderEventTypes array = [
   'Trading.Order.Placed'
 ]
 
-@description('The database\'s service objective (DTU model, Standard tier). It bounds how far the app scales out: see maximumInstanceCount.')
+@description('The database\'s service objective (DTU model, Standard tier). With maximumInstanceCount it sets each instance\'s SQL_POOL_SIZE (app.bicep).')
 @allowed([
   'S0'
   'S1'
@@ -64,10 +64,10 @@ param orderEventTypes array = [
 ])
 param sqlServiceObjective string = 'S0'
 
-@description('The most instances Flex Consumption runs. 0: as many as the database holds (see app.bicep); a larger value than that is lowered to it.')
-@minValue(0)
+@description('The most instances Flex Consumption runs for a function. 40 is the lowest Flex accepts in most regions; SQL_POOL_SIZE is sized from it and the database (app.bicep).')
+@minValue(1)
 @maxValue(1000)
-param maximumInstanceCount int = 0
+param maximumInstanceCount int = 40
 
 @description('Where the alerts are e-mailed (an address, or empty: the alerts still fire, in the portal\'s Alerts view).')
 param alertEmail string = ''
@@ -204,6 +204,7 @@ output AZURE_RESOURCE_GROUP string = rg.name
 output AZURE_FUNCTION_APP_NAME string = app.outputs.name
 output AZURE_FUNCTION_APP_ID string = app.outputs.id
 output AZURE_FUNCTION_MAX_INSTANCES int = app.outputs.maximumInstanceCount
+output AZURE_FUNCTION_SQL_POOL_SIZE int = app.outputs.sqlPoolSize
 output AZURE_IDENTITY_NAME string = identity.outputs.name
 output AZURE_IDENTITY_ID string = identity.outputs.id
 output AZURE_IDENTITY_CLIENT_ID string = identity.outputs.clientId

@@ -22,7 +22,7 @@ param sqlServerFqdn string
 param sqlDatabaseName string
 @description('The database\'s max concurrent workers (its service objective\'s, main.bicep).')
 param sqlMaxWorkers int
-@description('The most instances Flex runs; 0, or more than the database holds: as many as it holds.')
+@description('The most instances Flex runs for a function (40 is the lowest most regions accept); more than the database holds at one connection each is lowered to that.')
 param maximumInstanceCount int
 param deadLetterStorage string
 param outboxStorage string
@@ -119,22 +119,26 @@ var handlerSettings = {
   // what sends the outbox on a plan scaled to zero.
   DEAD_LETTER_SWEEP_SCHEDULE: '0 */5 * * * *'
   OUTBOX_STORAGE: outboxStorage
-  // Connections each instance opens at most; with the instance count
-  // below it must fit in the database's workers.
-  SQL_POOL_SIZE: '10'
+  // Connections each instance opens at most: sized with the instance
+  // count below.
+  SQL_POOL_SIZE: '${sqlPoolSize}'
 }
 
-// Instances × SQL_POOL_SIZE stay within the database's max concurrent
-// workers, less 20 for the operator's commands (`status`, `outbox`,
-// `dead-letters replay`: a pool of their own) and the admin's `migrate`:
-// S0 (60 workers) runs at most 4 instances, S1 7, S2 10, S3 18. A larger
-// maximumInstanceCount is lowered to that; past it, requests would queue
-// for a worker (then fail) in the database instead of in Event Grid's
-// retries.
-var sqlPoolSize = int(handlerSettings.SQL_POOL_SIZE)
-var reservedSqlWorkers = 20
-var instancesTheDatabaseHolds = (sqlMaxWorkers - reservedSqlWorkers) / sqlPoolSize
-var instances = maximumInstanceCount == 0 ? instancesTheDatabaseHolds : min(maximumInstanceCount, instancesTheDatabaseHolds)
+// Every instance's pool must fit in the database's max concurrent workers
+// (a running statement takes one), less 10 for the operator's commands and
+// the admin's `migrate`: (instances + 1) × SQL_POOL_SIZE ≤ workers − 10,
+// the one more being DeadLetterSweep's (Flex scales a timer function on
+// instances of its own, and Azure's API reference counts
+// maximumInstanceCount per function group).
+// Flex accepts no maximum below 40 in most regions, so 40 is the default:
+// on S0 (60 workers) each instance then gets one connection (41 × 1 ≤ 50),
+// on S3 (200) four; where Flex accepts fewer instances, fewer get more, up
+// to the handler's default of 10 (4 instances on S0: 5 × 10 ≤ 50). One
+// connection serves one store call at a time (each call takes its own),
+// and at S0's 10 DTUs the database, not the pool, is what limits the rate.
+var reservedSqlWorkers = 10
+var instances = min(maximumInstanceCount, sqlMaxWorkers - reservedSqlWorkers - 1)
+var sqlPoolSize = max(1, min(10, (sqlMaxWorkers - reservedSqlWorkers) / (instances + 1)))
 
 // The Functions host's own: its storage by identity (Blob only, the role
 // it holds), Application Insights by Entra ID (local authentication is off
@@ -221,3 +225,4 @@ resource app 'Microsoft.Web/sites@2024-04-01' = {
 output id string = app.id
 output name string = app.name
 output maximumInstanceCount int = instances
+output sqlPoolSize int = sqlPoolSize
