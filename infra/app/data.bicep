@@ -1,8 +1,9 @@
 // The app's state: Azure SQL (the source of truth) with Microsoft Entra ID
-// authentication only and the deploying user as its admin (who runs
-// `migrate`, infra/hooks/postprovision.sh), and Azure Managed Redis (the
-// guard) with access keys off, the identity and the operator signing in
-// with Entra ID through access policy assignments.
+// authentication only and the deployer (a user, or a pipeline's service
+// principal) as its admin, who runs `migrate` (infra/hooks/postprovision.sh),
+// and Azure Managed Redis (the guard) with access keys off, the identity
+// and the operator signing in with Entra ID through access policy
+// assignments.
 param resourceToken string
 param location string
 param tags object
@@ -10,6 +11,20 @@ param identityPrincipalId string
 @description('The Entra admin of the SQL server, and the operator on Redis.')
 param adminObjectId string
 param adminLogin string
+@description('What the admin is: a user, or a service principal (a pipeline).')
+@allowed([
+  'User'
+  'ServicePrincipal'
+])
+param adminPrincipalType string
+@description('The database\'s service objective (Standard tier, DTU model).')
+@allowed([
+  'S0'
+  'S1'
+  'S2'
+  'S3'
+])
+param sqlServiceObjective string
 @description('The Log Analytics workspace the audit records go to.')
 param workspaceId string
 
@@ -26,7 +41,8 @@ resource sql 'Microsoft.Sql/servers@2023-08-01' = {
       azureADOnlyAuthentication: true
       login: adminLogin
       sid: adminObjectId
-      principalType: 'User'
+      // Azure SQL names a service principal's admin an Application.
+      principalType: adminPrincipalType == 'User' ? 'User' : 'Application'
       tenantId: tenant().tenantId
     }
   }
@@ -69,13 +85,13 @@ resource alerts 'Microsoft.Sql/servers/securityAlertPolicies@2023-08-01' = {
 resource database 'Microsoft.Sql/servers/databases@2023-08-01' = {
   //checkov:skip=CKV_AZURE_26: alerts go to the subscription's admins (emailAccountAdmins on the server's policy)
   //checkov:skip=CKV_AZURE_27: alerts go to the subscription's admins (emailAccountAdmins on the server's policy)
-  //checkov:skip=CKV_AZURE_229: S0 (Standard) has no zone-redundant option; a larger tier is the operator's choice
+  //checkov:skip=CKV_AZURE_229: the Standard tier (S0 to S3) has no zone-redundant option; a Premium or vCore tier is the operator's choice
   parent: sql
   name: 'orders'
   location: location
   tags: tags
   sku: {
-    name: 'S0'
+    name: sqlServiceObjective
     tier: 'Standard'
   }
 }

@@ -1,8 +1,31 @@
 // The app's own storage (shared-key access off) with the dead-letter
 // container and the announcements queue, each role at the narrowest scope
-// its client uses; the Event Grid topic orders are published to, and its
-// subscription to OrderTrigger (the event type filter, Event Grid's retry
-// policy, dead-lettering to the container through the identity).
+// its client uses, and the Event Grid topic orders are published to, with
+// what its subscription to OrderTrigger needs: the identity on the topic
+// and that identity's role on the container.
+//
+// The subscription itself is not made here: Event Grid checks that
+// OrderTrigger exists when it is made, which is true only once the package
+// is deployed. infra/hooks/postdeploy.sh makes it from the outputs below
+// (EVENT_GRID_TOPIC_ID, AZURE_FUNCTION_APP_ID, AZURE_IDENTITY_ID,
+// DEAD_LETTER_STORAGE_ACCOUNT_ID, DEAD_LETTER_CONTAINER_ID,
+// ORDER_EVENT_TYPES), with a PUT of the eventSubscriptions API (the same
+// call on every `azd up` changes nothing): `az rest`, since
+// `az eventgrid event-subscription create` dead-letters only through a
+// system-assigned identity (--deadletter-identity systemassigned), and the
+// storage account, with shared keys off, takes Event Grid's writes only
+// signed in. docs/deploy.md step 9 has the same call. Its settings:
+//   name                 orders-to-guard
+//   endpoint             AzureFunction, <app id>/functions/OrderTrigger,
+//                        one event a batch (a batch is all-or-none in the
+//                        handler)
+//   event type filter    orderEventTypes (main.bicep; ORDER_EVENT_TYPES)
+//   retry policy         30 attempts, events live 1440 min (a day)
+//   dead letters         deadLetterWithResourceIdentity: the container
+//                        below (deadletters) in this account, written
+//                        through the user-assigned identity (on the topic),
+//                        which holds Storage Blob Data Contributor on it
+//                        (appOnContainer)
 param resourceToken string
 param location string
 param tags object
@@ -12,9 +35,12 @@ param identityId string
 param identityPrincipalId string
 @description('The operator: reads the queue, replays dead letters, publishes to the topic.')
 param operatorPrincipalId string
-param functionAppId string
-param orderEventTypes array
-param orderSubscription bool
+@description('What the operator is: a user, or a service principal (a pipeline).')
+@allowed([
+  'User'
+  'ServicePrincipal'
+])
+param operatorPrincipalType string
 
 // The names the handler's settings default to (DEAD_LETTER_CONTAINER,
 // OUTBOX_QUEUE): src/config/dead_letter.rs, src/config/outbox.rs.
@@ -27,8 +53,8 @@ var queueDataContributor = '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
 var eventGridDataSender = 'd5a91429-5739-47e2-a06b-3470a27159e7'
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
-  //checkov:skip=CKV_AZURE_35: the app has no virtual network (Flex and Premium without VNet integration reach it over its public endpoint); every request signs in with Entra ID, shared keys are off; Event Grid dead-letters through its identity
-  //checkov:skip=CKV_AZURE_59: the app has no virtual network (Flex and Premium without VNet integration reach it over its public endpoint); every request signs in with Entra ID, shared keys are off
+  //checkov:skip=CKV_AZURE_35: the app has no virtual network (Flex without VNet integration reaches it over its public endpoint); every request signs in with Entra ID, shared keys are off; Event Grid dead-letters through its identity
+  //checkov:skip=CKV_AZURE_59: the app has no virtual network (Flex without VNet integration reaches it over its public endpoint); every request signs in with Entra ID, shared keys are off
   //checkov:skip=CKV_AZURE_206: zone-redundant (ZRS); a region's loss takes the database (S0, not geo-replicated) too, so geo-replicating its dead letters alone would keep nothing whole
   //checkov:skip=CKV_AZURE_43: 'stdata' and uniqueString's 13 lowercase characters (main.bicep): 19 lowercase letters and digits, a name checkov cannot evaluate
   name: storageName
@@ -102,7 +128,7 @@ resource operatorOnContainer 'Microsoft.Authorization/roleAssignments@2022-04-01
   scope: storage::blobs::deadLetters
   properties: {
     principalId: operatorPrincipalId
-    principalType: 'User'
+    principalType: operatorPrincipalType
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', blobDataContributor)
   }
 }
@@ -113,13 +139,14 @@ resource operatorOnQueue 'Microsoft.Authorization/roleAssignments@2022-04-01' = 
   scope: storage::queues::announcements
   properties: {
     principalId: operatorPrincipalId
-    principalType: 'User'
+    principalType: operatorPrincipalType
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', queueDataContributor)
   }
 }
 
 // Publishers sign in with Entra ID (local authentication off); the
-// topic's identity is the app's, for dead-lettering.
+// topic's identity is the app's, which the subscription dead-letters
+// through.
 resource topic 'Microsoft.EventGrid/topics@2025-02-15' = {
   //checkov:skip=CKV_AZURE_193: publishers outside a virtual network publish over the public endpoint, each signed in with Entra ID (local authentication off)
   name: 'evgt-orders-${resourceToken}'
@@ -145,50 +172,13 @@ resource operatorOnTopic 'Microsoft.Authorization/roleAssignments@2022-04-01' = 
   scope: topic
   properties: {
     principalId: operatorPrincipalId
-    principalType: 'User'
+    principalType: operatorPrincipalType
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', eventGridDataSender)
   }
 }
 
-// One event a delivery (a batch is all-or-none in the handler), Event
-// Grid's retries for a day, then the container.
-resource subscription 'Microsoft.EventGrid/topics/eventSubscriptions@2025-02-15' = if (orderSubscription) {
-  parent: topic
-  name: 'orders-to-guard'
-  properties: {
-    eventDeliverySchema: 'EventGridSchema'
-    destination: {
-      endpointType: 'AzureFunction'
-      properties: {
-        resourceId: '${functionAppId}/functions/OrderTrigger'
-        maxEventsPerBatch: 1
-        preferredBatchSizeInKilobytes: 64
-      }
-    }
-    filter: {
-      includedEventTypes: orderEventTypes
-    }
-    retryPolicy: {
-      maxDeliveryAttempts: 30
-      eventTimeToLiveInMinutes: 1440
-    }
-    deadLetterWithResourceIdentity: {
-      identity: {
-        type: 'UserAssigned'
-        userAssignedIdentity: identityId
-      }
-      deadLetterDestination: {
-        endpointType: 'StorageBlob'
-        properties: {
-          resourceId: storage.id
-          blobContainerName: deadLetterContainer
-        }
-      }
-    }
-  }
-  dependsOn: [
-    appOnContainer
-  ]
-}
-
 output topicEndpoint string = topic.properties.endpoint
+output topicName string = topic.name
+output topicId string = topic.id
+output deadLetterContainerId string = storage::blobs::deadLetters.id
+output storageId string = storage.id

@@ -45,3 +45,5 @@ resource publisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
 
 output connectionString string = appInsights.properties.ConnectionString
 output workspaceId string = workspace.id
+output appInsightsId string = appInsights.id
+output appInsightsName string = appInsights.name
