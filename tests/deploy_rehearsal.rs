@@ -201,10 +201,41 @@ fn the_deploy_blocks_run_in_order_under_bash_strict_mode() {
         "every block ran"
     );
 
-    // The dead-letter container, as Event Grid and the roles are given it.
-    let subscription = calls(&run.log, "az eventgrid event-subscription create");
+    // The subscription (one PUT of the whole resource: the CLI's own
+    // command dead-letters through a system-assigned identity only), and
+    // the dead-letter container as Event Grid and the roles are given it.
+    let subscription: Vec<&str> = calls(&run.log, "az rest --method put")
+        .into_iter()
+        .filter(|c| c.contains("/eventSubscriptions/orders-to-guard?"))
+        .collect();
     assert_eq!(subscription.len(), 1, "{}", run.log);
-    let dead_letter = value_of(subscription[0], "--deadletter-endpoint").unwrap();
+    let body = subscription[0]
+        .split_once("[--body] [")
+        .map(|(_, rest)| rest.strip_suffix(']').unwrap_or(rest))
+        .expect("the PUT has a body");
+    let body: serde_json::Value = serde_json::from_str(body).expect("the body is JSON");
+    let p = &body["properties"];
+    assert_eq!(p["destination"]["endpointType"], "AzureFunction", "{body}");
+    assert!(p["destination"]["properties"]["resourceId"]
+        .as_str()
+        .is_some_and(|id| id.ends_with("/functions/OrderTrigger")));
+    assert_eq!(
+        p["filter"]["includedEventTypes"],
+        serde_json::json!(["Trading.Order.Placed"])
+    );
+    assert_eq!(p["retryPolicy"]["maxDeliveryAttempts"], 30);
+    let dead = &p["deadLetterWithResourceIdentity"];
+    assert_eq!(dead["identity"]["type"], "UserAssigned", "{body}");
+    let dead_letter = format!(
+        "{}/blobServices/default/containers/{}",
+        dead["deadLetterDestination"]["properties"]["resourceId"]
+            .as_str()
+            .unwrap(),
+        dead["deadLetterDestination"]["properties"]["blobContainerName"]
+            .as_str()
+            .unwrap()
+    );
+    let dead_letter = dead_letter.as_str();
     assert!(
         dead_letter.starts_with("/subscriptions/")
             && dead_letter.ends_with("/blobServices/default/containers/deadletters"),

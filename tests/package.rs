@@ -38,10 +38,7 @@ fn build_package() -> PathBuf {
         let path = poisoned.path().join(tool);
         std::fs::write(
             &path,
-            format!(
-                "#!/bin/sh\necho {tool} >> '{}'\nexit 1\n",
-                marks.display()
-            ),
+            format!("#!/bin/sh\necho {tool} >> '{}'\nexit 1\n", marks.display()),
         )
         .unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -194,7 +194,7 @@ resource app 'Microsoft.Web/sites@2024-04-01' = {
     serverFarmId: plan.id
     httpsOnly: true
     keyVaultReferenceIdentity: identityId
-    // No ftpsState: Flex Consumption has no FTP (a package goes to the
+    // No FTPS state: Flex Consumption has no FTP (a package goes to the
     // blob container only), and Learn lists the property among Flex's
     // deprecations.
     siteConfig: {

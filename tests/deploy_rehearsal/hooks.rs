@@ -96,8 +96,15 @@ fn hooks_of(yaml: &str) -> BTreeMap<String, (String, String)> {
     for line in yaml.lines() {
         let t = line.trim();
         if let Some(name) = t.strip_suffix(':') {
-            if ["preprovision", "postprovision", "prepackage", "postdeploy", "predown", "postdown"]
-                .contains(&name)
+            if [
+                "preprovision",
+                "postprovision",
+                "prepackage",
+                "postdeploy",
+                "predown",
+                "postdown",
+            ]
+            .contains(&name)
             {
                 current = Some(name.to_string());
                 hooks.insert(name.to_string(), (String::new(), String::new()));
@@ -151,8 +158,11 @@ impl Azd {
         std::fs::create_dir_all(dir.path().join("bin")).unwrap();
         for entry in std::fs::read_dir(root.join("infra/hooks")).unwrap() {
             let path = entry.unwrap().path();
-            std::fs::copy(&path, work.join("infra/hooks").join(path.file_name().unwrap()))
-                .unwrap();
+            std::fs::copy(
+                &path,
+                work.join("infra/hooks").join(path.file_name().unwrap()),
+            )
+            .unwrap();
         }
         std::fs::copy(root.join("azure.yaml"), work.join("azure.yaml")).unwrap();
         std::fs::copy(
@@ -167,7 +177,10 @@ impl Azd {
         let yaml = std::fs::read_to_string(root.join("azure.yaml")).unwrap();
         let oid = if sp { SP_OID } else { USER_OID };
         let vars = vec![
-            ("REHEARSAL_PRINCIPAL".into(), if sp { "sp" } else { "user" }.into()),
+            (
+                "REHEARSAL_PRINCIPAL".into(),
+                if sp { "sp" } else { "user" }.into(),
+            ),
             ("REHEARSAL_OID".into(), oid.into()),
             ("SP_APP_ID".into(), SP_APP_ID.into()),
             ("ORDER_GUARD_HOOK_PAUSE".into(), "0.05".into()),
@@ -283,7 +296,14 @@ impl Azd {
     /// fails; the hooks that ran.
     fn up(&self, extra: &[(&str, &str)]) -> Vec<(String, Ran)> {
         let mut ran = Vec::new();
-        for step in ["preprovision", "provision", "postprovision", "prepackage", "deploy", "postdeploy"] {
+        for step in [
+            "preprovision",
+            "provision",
+            "postprovision",
+            "prepackage",
+            "deploy",
+            "postdeploy",
+        ] {
             match step {
                 "provision" => self.provision(),
                 "deploy" => {
@@ -343,8 +363,14 @@ fn assert_publishable(file: &Path) -> String {
         e.get("topic").is_none() || e["topic"] == TOPIC_ID,
         "a topic that is not the topic's own id is refused (400): {e}"
     );
-    assert_eq!(e["eventType"], "Trading.Order.Placed", "the subscription's filter");
-    let order = e["data"]["orderId"].as_str().expect("an order id").to_string();
+    assert_eq!(
+        e["eventType"], "Trading.Order.Placed",
+        "the subscription's filter"
+    );
+    let order = e["data"]["orderId"]
+        .as_str()
+        .expect("an order id")
+        .to_string();
     let scratch = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_order-guard"))
         .arg("replay")
@@ -377,10 +403,19 @@ fn azure_yaml_runs_one_bash_script_per_hook_on_every_system() {
         ["postdeploy", "postprovision", "prepackage", "preprovision"]
     );
     for (name, (posix, windows)) in &hooks {
-        let script = format!("infra/hooks/{}.sh", if name == "prepackage" { "package" } else { name });
+        let script = format!(
+            "infra/hooks/{}.sh",
+            if name == "prepackage" {
+                "package"
+            } else {
+                name
+            }
+        );
         assert_eq!(posix, &script, "{name}");
         assert!(Path::new(ROOT).join(&script).exists(), "{script}");
-        let stem = script.trim_start_matches("infra/hooks/").trim_end_matches(".sh");
+        let stem = script
+            .trim_start_matches("infra/hooks/")
+            .trim_end_matches(".sh");
         assert_eq!(
             windows,
             &format!("./infra/hooks/bash.ps1 {stem}; exit $LASTEXITCODE"),
@@ -388,7 +423,13 @@ fn azure_yaml_runs_one_bash_script_per_hook_on_every_system() {
         );
     }
     // No hook asks for root or a package manager.
-    for script in ["preprovision", "postprovision", "package", "postdeploy", "lib"] {
+    for script in [
+        "preprovision",
+        "postprovision",
+        "package",
+        "postdeploy",
+        "lib",
+    ] {
         let text =
             std::fs::read_to_string(Path::new(ROOT).join(format!("infra/hooks/{script}.sh")))
                 .unwrap();
@@ -418,21 +459,26 @@ fn up_down_up_and_a_service_principal_up_end_green() {
         azd.env().get("AZURE_PRINCIPAL_NAME").map(String::as_str),
         Some("operator@example.com")
     );
-    let subscription: Value = serde_json::from_str(
-        &std::fs::read_to_string(azd.path("subscription-2.json")).unwrap(),
-    )
-    .unwrap();
+    let subscription: Value =
+        serde_json::from_str(&std::fs::read_to_string(azd.path("subscription-2.json")).unwrap())
+            .unwrap();
     let p = &subscription["properties"];
     assert_eq!(
         p["destination"]["properties"]["resourceId"],
-        format!("{}/functions/OrderTrigger", azd.env()["AZURE_FUNCTION_APP_ID"])
+        format!(
+            "{}/functions/OrderTrigger",
+            azd.env()["AZURE_FUNCTION_APP_ID"]
+        )
     );
     assert_eq!(p["filter"]["includedEventTypes"][0], "Trading.Order.Placed");
     assert_eq!(p["retryPolicy"]["maxDeliveryAttempts"], 30);
     assert_eq!(p["retryPolicy"]["eventTimeToLiveInMinutes"], 1440);
     let dead = &p["deadLetterWithResourceIdentity"];
     assert_eq!(dead["identity"]["type"], "UserAssigned");
-    assert_eq!(dead["identity"]["userAssignedIdentity"], azd.env()["AZURE_IDENTITY_ID"]);
+    assert_eq!(
+        dead["identity"]["userAssignedIdentity"],
+        azd.env()["AZURE_IDENTITY_ID"]
+    );
     assert_eq!(
         dead["deadLetterDestination"]["properties"]["blobContainerName"],
         "deadletters"
@@ -445,7 +491,9 @@ fn up_down_up_and_a_service_principal_up_end_green() {
     let order = assert_publishable(&azd.path("published-4.json"));
     let postdeploy = &first.last().unwrap().1;
     assert!(
-        postdeploy.stdout.contains(&format!("smoke test passed: {order} executed")),
+        postdeploy
+            .stdout
+            .contains(&format!("smoke test passed: {order} executed")),
         "{}",
         postdeploy.stdout
     );
@@ -458,7 +506,10 @@ fn up_down_up_and_a_service_principal_up_end_green() {
     assert_green(&again, &calls);
     assert_bound_to_the_subscription(&calls);
     assert_eq!(
-        calls.lines().filter(|l| l.starts_with("az [rest] [--method] [put]")).count(),
+        calls
+            .lines()
+            .filter(|l| l.starts_with("az [rest] [--method] [put]"))
+            .count(),
         1,
         "{calls}"
     );
@@ -486,7 +537,10 @@ fn a_smoke_test_failing_after_a_good_deploy_warns_and_ends_green() {
         ),
         (
             "the role never applies",
-            vec![("REHEARSAL_PUBLISH_REFUSALS", "1000"), ("REHEARSAL_REFUSAL", "403")],
+            vec![
+                ("REHEARSAL_PUBLISH_REFUSALS", "1000"),
+                ("REHEARSAL_REFUSAL", "403"),
+            ],
             "EventGrid Data Sender",
         ),
     ] {
@@ -498,7 +552,9 @@ fn a_smoke_test_failing_after_a_good_deploy_warns_and_ends_green() {
         assert!(
             postdeploy.stderr.contains("WARNING: smoke test:")
                 && postdeploy.stderr.contains(expect)
-                && postdeploy.stderr.contains("cargo run --release -- status smoke-"),
+                && postdeploy
+                    .stderr
+                    .contains("cargo run --release -- status smoke-"),
             "{why}: {}",
             postdeploy.stderr
         );
