@@ -659,3 +659,75 @@ fn azure_yaml_runs_hooks_that_are_there() {
     assert!(post.contains("-- migrate"));
     assert!(post.contains("ALTER ROLE order_guard_app ADD MEMBER [$AZURE_IDENTITY_NAME]"));
 }
+
+/// The handler's source, every `.rs` file under `src/`, as one text.
+fn source_text() -> String {
+    fn walk(dir: &Path, text: &mut String) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, text);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                text.push_str(&std::fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
+    let mut text = String::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut text,
+    );
+    text
+}
+
+/// Each alert on Application Insights matches what the handler emits: every
+/// string its query compares with (a metric's name, an attribute and its
+/// value, words of a log line) is in the handler's source, so a rename
+/// there cannot leave a rule that never fires.
+#[test]
+fn the_alerts_look_for_what_the_handler_emits() {
+    let alerts = read("infra/app/alerts.bicep");
+    let source = source_text();
+    // The log alerts' rules (the workbook's queries are views: their
+    // strings are labels as much as matches).
+    let start = alerts.find("var logAlerts").expect("var logAlerts");
+    let end = start
+        + alerts[start..]
+            .find("resource ")
+            .expect("the rules' resource");
+    let mut queries = 0;
+    for (i, part) in alerts[start..end].split("'''").enumerate() {
+        // The multi-line strings: the odd parts between ''' pairs.
+        if i % 2 == 0 || !part.contains("| where") {
+            continue;
+        }
+        queries += 1;
+        for (j, literal) in part.split('"').enumerate() {
+            if j % 2 == 1 {
+                // A line's prefix may be a constant formatted in
+                // (`{FUNCTION_NAME}: {summary}`): each side of it then.
+                let found = source.contains(literal)
+                    || literal
+                        .split_once(": ")
+                        .is_some_and(|(a, b)| source.contains(a) && source.contains(b));
+                assert!(
+                    found,
+                    "an alert's query looks for {literal:?}, which the handler never emits:\n{part}"
+                );
+            }
+        }
+    }
+    assert!(queries >= 4, "the log alerts' queries were not found");
+    // A workbook and an alert on each of what needs an operator.
+    for name in [
+        "'dead-lettered'",
+        "'operator-needed'",
+        "'parked'",
+        "'outbox-behind'",
+        "'retries'",
+    ] {
+        assert!(alerts.contains(&format!("name: {name}")), "no alert {name}");
+    }
+    assert!(!resources(&alerts, "Microsoft.Insights/workbooks").is_empty());
+    assert!(read("infra/main.bicep").contains("module alerts 'app/alerts.bicep'"));
+}
