@@ -689,6 +689,67 @@ fn outbox_cli(dir: &std::path::Path, azurite: &Azurite, args: &[&str]) -> std::p
         .unwrap()
 }
 
+/// A queue message that may expire unread before its row is purged is an
+/// announcement that can be lost with its row saying "sent": such a
+/// lifetime is refused at start, naming both settings; accepted on
+/// purpose, `outbox list` says what it means.
+#[test]
+fn a_message_lifetime_shorter_than_the_retention_is_refused_unless_meant() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], extra: &[(&str, &str)]| {
+        std::process::Command::new(common::handler_binary())
+            .args(args)
+            .env(
+                "SQL_CONNECTION_STRING",
+                format!("sqlite:{}", dir.path().join("orders.db").display()),
+            )
+            .env("OUTBOX_STORAGE", "UseDevelopmentStorage=true")
+            .env("OUTBOX_RETENTION_HOURS", "48")
+            .env_remove("REDIS_URL")
+            .env_remove("OUTBOX_TOPIC_ENDPOINT")
+            .env_remove("OUTBOX_MESSAGE_TTL_UNDER_RETENTION")
+            .env_remove("FUNCTIONS_CUSTOMHANDLER_PORT")
+            .envs(extra.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let migrated = run(&["migrate"], &[]);
+    assert!(migrated.status.success(), "{}", text(&migrated));
+
+    let day = [("OUTBOX_MESSAGE_TTL_SECONDS", "86400")];
+    let refused = run(&["outbox", "list"], &day);
+    assert!(!refused.status.success(), "{}", text(&refused));
+    let said = text(&refused);
+    assert!(
+        said.contains("OUTBOX_MESSAGE_TTL_SECONDS")
+            && said.contains("48 h, OUTBOX_RETENTION_HOURS")
+            && said.contains("OUTBOX_MESSAGE_TTL_UNDER_RETENTION=accept"),
+        "{said}"
+    );
+
+    let meant = [
+        ("OUTBOX_MESSAGE_TTL_SECONDS", "86400"),
+        ("OUTBOX_MESSAGE_TTL_UNDER_RETENTION", "accept"),
+    ];
+    let listed = run(&["outbox", "list"], &meant);
+    assert!(listed.status.success(), "{}", text(&listed));
+    assert!(
+        text(&listed)
+            .contains("messages expire unread after 86400 s, before their rows are purged"),
+        "{}",
+        text(&listed)
+    );
+    // As long as the retention: accepted as it is.
+    let two_days = [("OUTBOX_MESSAGE_TTL_SECONDS", "172800")];
+    let listed = run(&["outbox", "list"], &two_days);
+    assert!(listed.status.success(), "{}", text(&listed));
+    assert!(
+        text(&listed).contains("(messages expire unread after 172800 s)"),
+        "{}",
+        text(&listed)
+    );
+}
+
 fn text(out: &std::process::Output) -> String {
     format!(
         "{}{}",

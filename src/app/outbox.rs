@@ -195,7 +195,15 @@ pub async fn outbox_backfill(
 pub fn destination(config: &Config) -> String {
     match &config.outbox.destination {
         Some(DestinationSettings::Queue(q)) => {
-            format!("queue {} at {}", q.queue, q.storage.endpoint)
+            let lifetime = match q.message_ttl {
+                None => "messages never expire".to_string(),
+                Some(ttl) if ttl < config.outbox.dispatch.retention => format!(
+                    "messages expire unread after {} s, before their rows are purged (OUTBOX_MESSAGE_TTL_UNDER_RETENTION=accept)",
+                    ttl.as_secs()
+                ),
+                Some(ttl) => format!("messages expire unread after {} s", ttl.as_secs()),
+            };
+            format!("queue {} at {} ({lifetime})", q.queue, q.storage.endpoint)
         }
         Some(DestinationSettings::Topic(t)) => format!("Event Grid topic {}", t.endpoint),
         None => "none (no OUTBOX_STORAGE or OUTBOX_TOPIC_ENDPOINT: kept, not sent)".into(),

@@ -40,6 +40,16 @@ pub(super) fn outbox(
         }
     };
     let message_ttl = message_ttl(val("OUTBOX_MESSAGE_TTL_SECONDS"))?;
+    let ttl_under_retention = match val("OUTBOX_MESSAGE_TTL_UNDER_RETENTION").as_deref() {
+        None | Some("refuse") => false,
+        Some("accept") => true,
+        Some(other) => {
+            return Err(err(
+                "OUTBOX_MESSAGE_TTL_UNDER_RETENTION",
+                format!("expected \"refuse\" (the default) or \"accept\", got {other:?}"),
+            ))
+        }
+    };
     let naming = Naming {
         type_prefix: word(
             val("OUTBOX_EVENT_TYPE_PREFIX"),
@@ -74,6 +84,9 @@ pub(super) fn outbox(
                 (None, Some(set)) => set,
                 (None, None) => DEFAULT_OUTBOX_QUEUE.to_string(),
             };
+            if let Some(ttl) = message_ttl {
+                check_ttl(ttl, retention_hours, ttl_under_retention)?;
+            }
             Some(QueueSettings {
                 storage: StorageTarget {
                     credential: target.credential.with_client_id(client_id),
@@ -174,6 +187,24 @@ fn message_ttl(v: Option<String>) -> Result<Option<Duration>, ConfigError> {
             )),
         },
     }
+}
+
+/// A message that may expire unread before its row is purged is an
+/// announcement that can be lost with the row saying "sent": refused,
+/// unless `OUTBOX_MESSAGE_TTL_UNDER_RETENTION=accept` says it is meant
+/// (consumers away longer than the lifetime may then miss announcements).
+fn check_ttl(ttl: Duration, retention_hours: u64, accepted: bool) -> Result<(), ConfigError> {
+    let retention = retention_hours * 3600;
+    if accepted || ttl.as_secs() >= retention {
+        return Ok(());
+    }
+    Err(err(
+        "OUTBOX_MESSAGE_TTL_SECONDS",
+        format!(
+            "is {} s, shorter than the outbox's retention ({retention_hours} h, OUTBOX_RETENTION_HOURS): a message could expire unread while its row says sent, and the row is then purged, the announcement lost with no record; set -1 (never expire, the default) or at least {retention} s, or OUTBOX_MESSAGE_TTL_UNDER_RETENTION=accept if consumers away that long may miss announcements",
+            ttl.as_secs()
+        ),
+    ))
 }
 
 /// A name without white space or control characters, or `default`.
@@ -284,8 +315,42 @@ mod tests {
             ])
         };
         assert_eq!(queue(&ttl("-1").unwrap()).message_ttl, None);
+        // Shorter than the retention (a week by default): refused, naming
+        // both, unless accepted on purpose.
+        let short = ttl("3600").unwrap_err();
+        assert_eq!(short.var, "OUTBOX_MESSAGE_TTL_SECONDS");
+        assert!(
+            short.problem.contains("OUTBOX_RETENTION_HOURS")
+                && short
+                    .problem
+                    .contains("OUTBOX_MESSAGE_TTL_UNDER_RETENTION=accept"),
+            "{short}"
+        );
+        let accepted = config(&[
+            ("OUTBOX_STORAGE", "UseDevelopmentStorage=true"),
+            ("OUTBOX_MESSAGE_TTL_SECONDS", "3600"),
+            ("OUTBOX_MESSAGE_TTL_UNDER_RETENTION", "accept"),
+        ])
+        .unwrap();
         assert_eq!(
-            queue(&ttl("86400").unwrap()).message_ttl,
+            queue(&accepted).message_ttl,
+            Some(std::time::Duration::from_secs(3600))
+        );
+        let bad = config(&[("OUTBOX_MESSAGE_TTL_UNDER_RETENTION", "yes")]).unwrap_err();
+        assert_eq!(bad.var, "OUTBOX_MESSAGE_TTL_UNDER_RETENTION");
+        // As long as the retention, or longer: accepted as it is.
+        assert_eq!(
+            queue(&ttl(&(7 * 24 * 3600).to_string()).unwrap()).message_ttl,
+            Some(std::time::Duration::from_secs(7 * 24 * 3600))
+        );
+        let day = config(&[
+            ("OUTBOX_STORAGE", "UseDevelopmentStorage=true"),
+            ("OUTBOX_MESSAGE_TTL_SECONDS", "86400"),
+            ("OUTBOX_RETENTION_HOURS", "24"),
+        ])
+        .unwrap();
+        assert_eq!(
+            queue(&day).message_ttl,
             Some(std::time::Duration::from_secs(86_400))
         );
         for bad in ["0", "-2", "7d", "2147483648"] {
