@@ -267,3 +267,99 @@ async fn backfill_announces_executions_without_one_once_and_only_when_told_yes()
         "new sequences, above the one before, in execution order"
     );
 }
+
+/// The store remembers what its retention purged, and `outbox backfill`
+/// never reaches back to it, whatever retention the operator's shell
+/// names: an order executed then may have had its announcement sent and
+/// deleted, and would be announced again, same id, new sequence. Its
+/// refusal names the watermark; a window after it is backfilled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_never_reaches_back_to_what_the_store_purged_whatever_the_shell_says() {
+    let azurite = Azurite::start_queue();
+    azurite.create_queue("backfilled").await;
+    let (store, dir) = common::sqlite_store().await;
+    let store: Arc<dyn OrderStore> = store;
+    let account = unique_id("acct");
+    let orders: Vec<Order> = (0..3).map(|_| order(&unique_id("ord"), &account)).collect();
+    execute_all(&store, &orders).await;
+    // The first was executed 3 h ago, announced and sent 8 days ago (as
+    // far as the rows say), so a week's retention deletes its row; the
+    // second was executed by an earlier version: no row.
+    let conn = rusqlite::Connection::open(dir.path().join("orders.db")).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    let three_hours_ago = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-3 hours')";
+    for table in ["Orders", "Outbox"] {
+        conn.execute(
+            &format!("UPDATE {table} SET ExecutedAt = {three_hours_ago} WHERE OrderId = ?1"),
+            [&orders[0].order_id],
+        )
+        .unwrap();
+    }
+    conn.execute(
+        "UPDATE Outbox SET DispatchedAt = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-8 days')
+          WHERE OrderId = ?1",
+        [&orders[0].order_id],
+    )
+    .unwrap();
+    conn.execute(
+        "DELETE FROM Outbox WHERE OrderId = ?1",
+        [&orders[1].order_id],
+    )
+    .unwrap();
+    let week = Duration::from_secs(7 * 24 * 3600);
+    assert_eq!(
+        store
+            .purge_announced(week, 500, order_guard::store::Expired::Sent)
+            .await
+            .unwrap(),
+        1
+    );
+    let through: String = conn
+        .query_row("SELECT ExecutedThrough FROM OutboxPurge", [], |r| r.get(0))
+        .unwrap();
+
+    // The operator's shell keeps a year, production a week: the store's
+    // watermark decides.
+    let backfill = |since: &str| {
+        std::process::Command::new(common::handler_binary())
+            .args(["outbox", "backfill", "--since", since, "--yes"])
+            .env(
+                "SQL_CONNECTION_STRING",
+                format!("sqlite:{}", dir.path().join("orders.db").display()),
+            )
+            .env("OUTBOX_STORAGE", azurite.queue_connection_string())
+            .env("OUTBOX_QUEUE", "backfilled")
+            .env("OUTBOX_RETENTION_HOURS", "8760")
+            .env_remove("REDIS_URL")
+            .env_remove("OUTBOX_TOPIC_ENDPOINT")
+            .env_remove("FUNCTIONS_CUSTOMHANDLER_PORT")
+            .output()
+            .unwrap()
+    };
+    let out = backfill("5h");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("purge watermark {through}")),
+        "{}",
+        text(&out)
+    );
+    let listed = cli(dir.path(), &azurite, "backfilled", &["outbox", "list"]);
+    assert!(
+        text(&listed).contains(&format!("purged through executions of {through}")),
+        "{}",
+        text(&listed)
+    );
+    assert!(
+        !outbox_orders(dir.path()).contains(&orders[0].order_id),
+        "the purged execution was announced again"
+    );
+
+    let out = backfill("1h");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("1 announcements written"),
+        "{}",
+        text(&out)
+    );
+    assert!(outbox_orders(dir.path()).contains(&orders[1].order_id));
+}

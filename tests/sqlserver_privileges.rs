@@ -267,9 +267,11 @@ async fn a_user_without_the_role_is_refused_at_start_naming_each_missing_right()
                 "INSERT on dbo.Outbox",
                 "UPDATE on dbo.Outbox",
                 "DELETE on dbo.Outbox",
+                "INSERT on dbo.OutboxPurge",
+                "UPDATE on dbo.OutboxPurge",
             ];
             assert!(m.contains(&missing.join(", ")), "{m}");
-            assert!(m.contains("lacks 8 right(s)"), "{m}");
+            assert!(m.contains("lacks 10 right(s)"), "{m}");
             assert!(!m.contains("SELECT on"), "it has those: {m}");
             assert!(
                 m.contains("ALTER ROLE order_guard_app ADD MEMBER [og_partial];"),
@@ -381,7 +383,7 @@ async fn an_older_schema_the_user_cannot_migrate_says_to_run_migrate_as_the_admi
         "GRANT SELECT, INSERT, UPDATE ON SCHEMA::dbo TO og_v2app",
     )
     .await;
-    let want = "the schema is at version 2, this build needs version 4: run `order-guard migrate` \
+    let want = "the schema is at version 2, this build needs version 5: run `order-guard migrate` \
                 as the database admin (docs/deploy.md step 4)";
     match store(&app).migrate().await {
         Err(StoreError::Unmigrated(m)) => assert!(m.starts_with(want), "{m}"),

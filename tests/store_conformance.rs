@@ -527,6 +527,8 @@ mod suite {
     /// An account's announcements carry a `sequence` (the row's `Seq`)
     /// that consumers order its executions by: once every sent row is
     /// purged, the next execution's is still above every one sent before.
+    /// And the purge leaves a watermark, the newest execution it deleted,
+    /// which `outbox backfill` never reaches back to.
     pub async fn the_sequence_only_grows_past_a_purge(store: Arc<dyn OrderStore>) {
         let account = unique_id("acct");
         let lease = Duration::from_secs(60);
@@ -563,6 +565,33 @@ mod suite {
                 "purged"
             );
         }
+        // The store remembers what it purged: its watermark is at or after
+        // the newest execution whose row went (other checks sharing the
+        // database may have had newer ones purged), and a purge that
+        // deletes nothing leaves it as it is.
+        let utc = |t: &str| {
+            time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                .unwrap_or_else(|e| panic!("{t}: {e}"))
+        };
+        let through = store.outbox_counts().await.unwrap().purged_through;
+        let through = through.expect("a purge that deleted rows sets the watermark");
+        assert!(
+            utc(&through) >= utc(&sent[1].executed_at),
+            "purged through {through}, but {} was deleted",
+            sent[1].executed_at
+        );
+        assert_eq!(
+            store
+                .purge_announced(Duration::from_secs(3600), 500, Expired::Sent)
+                .await
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            store.outbox_counts().await.unwrap().purged_through,
+            Some(through),
+            "never lowered, never moved by a purge that deleted nothing"
+        );
         let next = order(&unique_id("ord"), &account, "buy", "1");
         store.execute(&next, "e", "{}").await.unwrap();
         let row = announcement_of(store.as_ref(), &next.order_id)

@@ -116,6 +116,15 @@ CREATE INDEX IF NOT EXISTS IX_Outbox_DispatchedAt ON Outbox (DispatchedAt, Seq) 
 CREATE INDEX IF NOT EXISTS IX_Outbox_Due ON Outbox (NextAttemptAt, Seq) WHERE DispatchedAt IS NULL;
 CREATE INDEX IF NOT EXISTS IX_Outbox_ClaimToken ON Outbox (ClaimToken) WHERE ClaimToken IS NOT NULL;
 
+-- The outbox's purge watermark: the newest ExecutedAt among the rows the
+-- retention deleted, raised by each purge, never lowered. `outbox
+-- backfill` refuses to reach back to it: an order executed then may have
+-- had its announcement sent and deleted, and would be announced twice.
+CREATE TABLE IF NOT EXISTS OutboxPurge (
+    Id              INTEGER PRIMARY KEY CHECK (Id = 1),
+    ExecutedThrough TEXT NOT NULL
+);
+
 INSERT OR IGNORE INTO SchemaVersion (Version, AppliedAt)
 VALUES (1, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));
 INSERT OR IGNORE INTO SchemaVersion (Version, AppliedAt)

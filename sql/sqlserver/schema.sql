@@ -212,6 +212,20 @@ IF NOT EXISTS (SELECT 1 FROM sys.indexes
     CREATE INDEX IX_Outbox_ClaimToken ON dbo.Outbox (ClaimToken);
 GO
 
+-- The outbox's purge watermark (version 5): the newest ExecutedAt among
+-- the rows the retention deleted, raised by each purge in its
+-- transaction, never lowered. `outbox backfill` refuses to reach back to
+-- it: an order executed then may have had its announcement sent and
+-- deleted, and would be announced twice.
+IF OBJECT_ID(N'dbo.OutboxPurge', N'U') IS NULL
+    CREATE TABLE dbo.OutboxPurge (
+        Id              TINYINT      NOT NULL,
+        ExecutedThrough DATETIME2(3) NOT NULL,
+        CONSTRAINT PK_OutboxPurge PRIMARY KEY (Id),
+        CONSTRAINT CK_OutboxPurge_One CHECK (Id = 1)
+    );
+GO
+
 -- The application's rights: a role of our own (Babelfish has no
 -- db_datareader / db_datawriter, and those grant no EXECUTE), granted
 -- exactly what `serve`, `replay`, the dead-letter sweep and `status` need;
@@ -234,6 +248,7 @@ GRANT SELECT, INSERT, UPDATE ON dbo.Orders TO order_guard_app;
 GRANT SELECT, INSERT, UPDATE ON dbo.Positions TO order_guard_app;
 GRANT SELECT, INSERT, UPDATE ON dbo.RejectedEvents TO order_guard_app;
 GRANT SELECT, INSERT, UPDATE, DELETE ON dbo.Outbox TO order_guard_app;
+GRANT SELECT, INSERT, UPDATE ON dbo.OutboxPurge TO order_guard_app;
 GO
 
 -- order-guard: rows are rewritten here
@@ -258,11 +273,17 @@ GO
 -- it. The rows are written last, in the migration's transaction: when they
 -- are there, everything above is. Version 3's row stays: instances of
 -- version 3 still running during a rolling upgrade check for it, and go on
--- with their own procedure (`_v1`, left in place), unannounced.
+-- with their own procedure (`_v1`, left in place), unannounced. Version 5:
+-- the purge's watermark; version 4's instances go on purging without
+-- raising it until they are replaced.
 IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 3)
     INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (3, SYSUTCDATETIME());
 GO
 
 IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 4)
     INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (4, SYSUTCDATETIME());
+GO
+
+IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 5)
+    INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (5, SYSUTCDATETIME());
 GO

@@ -58,11 +58,16 @@ pub async fn outbox_list(config: &Config) -> anyhow::Result<String> {
     let mut out = String::new();
     writeln!(
         out,
-        "outbox  undispatched={} parked={} dispatched={} (kept {} h) destination={}",
+        "outbox  undispatched={} parked={} dispatched={} (kept {} h{}) destination={}",
         counts.undispatched,
         counts.parked,
         counts.dispatched,
         config.outbox.dispatch.retention.as_secs() / 3600,
+        counts
+            .purged_through
+            .as_deref()
+            .map(|t| format!(", purged through executions of {t}"))
+            .unwrap_or_default(),
         destination(config)
     )?;
     for a in store
@@ -178,6 +183,13 @@ pub async fn outbox_backfill(
         );
     }
     let (_, store) = super::open_checked(config).await?;
+    // What the store itself purged, whatever this shell's retention says.
+    let purged = store.outbox_counts().await?.purged_through;
+    if let Some(refusal) =
+        reaches_the_purge(time::OffsetDateTime::now_utc(), age, purged.as_deref())
+    {
+        anyhow::bail!("{refusal}");
+    }
     if !yes {
         let n = store.backfill_announcements(age, false).await?;
         return Ok(BackfillRun::Plan(format!(
@@ -189,6 +201,35 @@ pub async fn outbox_backfill(
     Ok(BackfillRun::Written(
         store.backfill_announcements(age, true).await?,
     ))
+}
+
+/// Why a backfill reaching back `age` from `now` is refused, if it is: it
+/// reaches the store's purge watermark (`purged_through`, the newest
+/// execution whose announcement the retention deleted), so an order it
+/// finds without an announcement may have had one, sent and deleted.
+fn reaches_the_purge(
+    now: time::OffsetDateTime,
+    age: std::time::Duration,
+    purged_through: Option<&str>,
+) -> Option<String> {
+    let through = purged_through?;
+    let since = now - age;
+    let reached = match time::OffsetDateTime::parse(
+        through,
+        &time::format_description::well_known::Rfc3339,
+    ) {
+        Ok(through) => since <= through,
+        // Unreadable: take it as reached, and say it.
+        Err(_) => true,
+    };
+    reached.then(|| {
+        format!(
+            "--since reaches back to {since}, not after the outbox's purge watermark {through} (the newest execution whose announcement the retention deleted, as the store records it): an order executed by then may have had its announcement sent and deleted, and would be announced twice; give a time after it",
+            since = since
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_else(|_| since.to_string()),
+        )
+    })
 }
 
 /// Where announcements go, for `outbox list` and `status`.
@@ -207,5 +248,40 @@ pub fn destination(config: &Config) -> String {
         }
         Some(DestinationSettings::Topic(t)) => format!("Event Grid topic {}", t.endpoint),
         None => "none (no OUTBOX_STORAGE or OUTBOX_TOPIC_ENDPOINT: kept, not sent)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn at(text: &str) -> time::OffsetDateTime {
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).unwrap()
+    }
+
+    #[test]
+    fn a_backfill_never_reaches_the_purge_watermark() {
+        let now = at("2026-12-07T12:00:00Z");
+        let hours = |h: u64| Duration::from_secs(h * 3600);
+        // Nothing purged yet: any reach.
+        assert_eq!(reaches_the_purge(now, hours(500), None), None);
+        // Purged through executions of 10:00: from 11:00 on, fine; from
+        // 10:00 itself or before, refused, naming the watermark.
+        let through = Some("2026-12-07T10:00:00.000Z");
+        assert_eq!(reaches_the_purge(now, hours(1), through), None);
+        for reach in [hours(2), hours(3), hours(48)] {
+            let refusal = reaches_the_purge(now, reach, through).expect("refused");
+            assert!(refusal.contains("2026-12-07T10:00:00.000Z"), "{refusal}");
+        }
+        // One millisecond after it is after it.
+        assert_eq!(
+            reaches_the_purge(now, hours(2) - Duration::from_millis(1), through),
+            None
+        );
+        // SQL Server's text without a fraction reads the same.
+        assert!(reaches_the_purge(now, hours(2), Some("2026-12-07T10:00:00Z")).is_some());
+        // A watermark that cannot be read refuses rather than guesses.
+        assert!(reaches_the_purge(now, hours(1), Some("yesterday")).is_some());
     }
 }

@@ -198,7 +198,7 @@ pub enum Resend {
 }
 
 /// The outbox at a glance (`status`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OutboxCounts {
     /// Waiting to be dispatched (parked ones included).
     pub undispatched: u64,
@@ -206,6 +206,12 @@ pub struct OutboxCounts {
     pub parked: u64,
     /// Dispatched, kept until the retention ends.
     pub dispatched: u64,
+    /// The purge's watermark: the newest `executedAt` (UTC text, as
+    /// [`Announcement::executed_at`]) among the rows the retention deleted;
+    /// `None` while it has deleted none. An order executed then or before
+    /// may have had its announcement sent and deleted: `outbox backfill`
+    /// never reaches back to it.
+    pub purged_through: Option<String>,
 }
 
 #[cfg(test)]

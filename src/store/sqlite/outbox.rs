@@ -258,29 +258,70 @@ fn purge_unsent_sql() -> String {
     )
 }
 
+/// The retention's purge; the watermark (`OutboxPurge`) raised to the
+/// newest `ExecutedAt` it deleted, in the same call (one writer call: one
+/// transaction).
 pub(super) fn purge(
     conn: &Connection,
     retention: Duration,
     limit: u32,
     expired: Expired,
 ) -> Result<u64, rusqlite::Error> {
-    let mut deleted = conn
-        .prepare_cached(&format!(
-            "DELETE FROM Outbox
-              WHERE Seq IN (SELECT Seq FROM Outbox
-                             WHERE DispatchedAt IS NOT NULL AND DispatchedAt < {}
-                               AND Seq < (SELECT MAX(Seq) FROM Outbox)
-                             ORDER BY DispatchedAt LIMIT ?2)",
-            now_plus(1)
-        ))?
-        .execute(params![modifier(retention, '-'), limit])?;
-    let left = (limit as usize).saturating_sub(deleted);
+    let sent = format!(
+        "DELETE FROM Outbox
+          WHERE Seq IN (SELECT Seq FROM Outbox
+                         WHERE DispatchedAt IS NOT NULL AND DispatchedAt < {}
+                           AND Seq < (SELECT MAX(Seq) FROM Outbox)
+                         ORDER BY DispatchedAt LIMIT ?2)
+         RETURNING ExecutedAt",
+        now_plus(1)
+    );
+    let mut gone = deleted_executions(conn, &sent, &modifier(retention, '-'), limit)?;
+    let left = limit.saturating_sub(gone.count);
     if expired == Expired::SentAndUnsent && left > 0 {
-        deleted += conn
-            .prepare_cached(&purge_unsent_sql())?
-            .execute(params![modifier(retention, '-'), left])?;
+        let unsent = format!("{} RETURNING ExecutedAt", purge_unsent_sql());
+        let more = deleted_executions(conn, &unsent, &modifier(retention, '-'), left)?;
+        gone.count += more.count;
+        gone.newest = gone.newest.max(more.newest);
     }
-    Ok(deleted as u64)
+    if let Some(newest) = &gone.newest {
+        conn.prepare_cached(
+            "INSERT INTO OutboxPurge (Id, ExecutedThrough) VALUES (1, ?1)
+             ON CONFLICT (Id) DO UPDATE
+                SET ExecutedThrough = max(ExecutedThrough, excluded.ExecutedThrough)",
+        )?
+        .execute([newest])?;
+    }
+    Ok(gone.count.into())
+}
+
+/// What one of the purge's deletes took: how many rows, and the newest
+/// `ExecutedAt` among them (times compare as text: one format).
+struct Gone {
+    count: u32,
+    newest: Option<String>,
+}
+
+fn deleted_executions(
+    conn: &Connection,
+    delete: &str,
+    before: &str,
+    limit: u32,
+) -> Result<Gone, rusqlite::Error> {
+    let mut statement = conn.prepare_cached(delete)?;
+    let mut rows = statement.query(params![before, limit])?;
+    let mut gone = Gone {
+        count: 0,
+        newest: None,
+    };
+    while let Some(row) = rows.next()? {
+        let executed: String = row.get(0)?;
+        gone.count += 1;
+        if gone.newest.as_ref().is_none_or(|n| executed > *n) {
+            gone.newest = Some(executed);
+        }
+    }
+    Ok(gone)
 }
 
 /// `outbox backfill`: the orders executed `within` ago or later that have
@@ -422,7 +463,8 @@ pub(super) fn counts(conn: &Connection) -> Result<OutboxCounts, rusqlite::Error>
     conn.query_row(
         "SELECT COALESCE(SUM(DispatchedAt IS NULL), 0),
                 COALESCE(SUM(DispatchedAt IS NULL AND Parked <> 0), 0),
-                COALESCE(SUM(DispatchedAt IS NOT NULL), 0)
+                COALESCE(SUM(DispatchedAt IS NOT NULL), 0),
+                (SELECT ExecutedThrough FROM OutboxPurge WHERE Id = 1)
            FROM Outbox",
         [],
         |r| {
@@ -430,6 +472,7 @@ pub(super) fn counts(conn: &Connection) -> Result<OutboxCounts, rusqlite::Error>
                 undispatched: r.get::<_, i64>(0)? as u64,
                 parked: r.get::<_, i64>(1)? as u64,
                 dispatched: r.get::<_, i64>(2)? as u64,
+                purged_through: r.get(3)?,
             })
         },
     )

@@ -191,6 +191,7 @@ pub(super) async fn counts(client: &mut Client) -> Result<OutboxCounts, tiberius
         undispatched: count(0, "Undispatched")?,
         parked: count(1, "Parked")?,
         dispatched: count(2, "Dispatched")?,
+        purged_through: utc(opt_text(&row, 3)?),
     })
 }
 

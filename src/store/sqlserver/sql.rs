@@ -175,7 +175,7 @@ pub const UNLOCK_SCHEMA: &str =
     "EXEC sp_releaseapplock @Resource = N'order-guard:schema', @LockOwner = N'Session'";
 
 /// The schema version this build writes (the last batch of [`SCHEMA`]).
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// `migrate`'s fast path, one round trip without locks: whether the
 /// current version's row is there (written last, in the migration's last
@@ -240,6 +240,9 @@ pub const APP_RIGHTS: &[(&str, &str)] = &[
     ("INSERT", "dbo.Outbox"),
     ("UPDATE", "dbo.Outbox"),
     ("DELETE", "dbo.Outbox"),
+    ("SELECT", "dbo.OutboxPurge"),
+    ("INSERT", "dbo.OutboxPurge"),
+    ("UPDATE", "dbo.OutboxPurge"),
 ];
 
 /// The operator's read-only role: `migrate` makes it and grants it SELECT
@@ -257,6 +260,7 @@ pub const READER_TABLES: &[&str] = &[
     "dbo.Positions",
     "dbo.RejectedEvents",
     "dbo.Outbox",
+    "dbo.OutboxPurge",
 ];
 
 /// 1 when [`READER_ROLE`] exists, else 0.
@@ -296,7 +300,8 @@ pub const MISSING_RIGHTS: &str = concat!(
     "(N'SELECT', N'dbo.RejectedEvents'), (N'INSERT', N'dbo.RejectedEvents'), ",
     "(N'UPDATE', N'dbo.RejectedEvents'), ",
     "(N'SELECT', N'dbo.Outbox'), (N'INSERT', N'dbo.Outbox'), (N'UPDATE', N'dbo.Outbox'), ",
-    "(N'DELETE', N'dbo.Outbox')",
+    "(N'DELETE', N'dbo.Outbox'), ",
+    "(N'SELECT', N'dbo.OutboxPurge'), (N'INSERT', N'dbo.OutboxPurge'), (N'UPDATE', N'dbo.OutboxPurge')",
     ") AS r (RightName, ObjectName) ",
     "ON ISNULL(HAS_PERMS_BY_NAME(r.ObjectName, N'OBJECT', r.RightName), 0) = 0"
 );
@@ -658,26 +663,38 @@ pub const DEFER_ANNOUNCEMENT: &str = "UPDATE dbo.Outbox SET Attempts = Attempts 
 /// many it deleted.
 pub const PURGE_ANNOUNCED: &str = "SET NOCOUNT ON;
 DECLARE @Lock INT, @Deleted INT = 0;
+DECLARE @Gone TABLE (ExecutedAt DATETIME2(3) NOT NULL);
 BEGIN TRANSACTION;
 EXEC @Lock = sp_getapplock @Resource = N'order-guard:outbox-purge', @LockMode = N'Exclusive',
     @LockOwner = N'Transaction', @LockTimeout = 0;
 IF @Lock >= 0
 BEGIN
-    DELETE o FROM dbo.Outbox AS o
-    JOIN (SELECT TOP (@P2) Seq FROM dbo.Outbox
-           WHERE DispatchedAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
-           ORDER BY DispatchedAt, Seq) AS b ON b.Seq = o.Seq;
+    DELETE o OUTPUT deleted.ExecutedAt INTO @Gone (ExecutedAt)
+      FROM dbo.Outbox AS o
+      JOIN (SELECT TOP (@P2) Seq FROM dbo.Outbox
+             WHERE DispatchedAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
+             ORDER BY DispatchedAt, Seq) AS b ON b.Seq = o.Seq;
     SET @Deleted = @@ROWCOUNT;
     IF @P3 = 1 AND @Deleted < @P2
     BEGIN
-        DELETE o FROM dbo.Outbox AS o
-        JOIN (SELECT TOP (@P2 - @Deleted) Seq FROM dbo.Outbox
-               WHERE DispatchedAt IS NULL AND Parked = 0
-                 AND NextAttemptAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
-                 AND LeaseUntil <= SYSUTCDATETIME()
-               ORDER BY NextAttemptAt, Seq) AS b ON b.Seq = o.Seq
+        DELETE o OUTPUT deleted.ExecutedAt INTO @Gone (ExecutedAt)
+          FROM dbo.Outbox AS o
+          JOIN (SELECT TOP (@P2 - @Deleted) Seq FROM dbo.Outbox
+                 WHERE DispatchedAt IS NULL AND Parked = 0
+                   AND NextAttemptAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
+                   AND LeaseUntil <= SYSUTCDATETIME()
+                 ORDER BY NextAttemptAt, Seq) AS b ON b.Seq = o.Seq
          WHERE o.DispatchedAt IS NULL AND o.LeaseUntil <= SYSUTCDATETIME();
         SET @Deleted = @Deleted + @@ROWCOUNT;
+    END;
+    -- The watermark: raised to the newest execution deleted, never lowered.
+    DECLARE @Newest DATETIME2(3) = (SELECT MAX(ExecutedAt) FROM @Gone);
+    IF @Newest IS NOT NULL
+    BEGIN
+        UPDATE dbo.OutboxPurge SET ExecutedThrough = @Newest
+         WHERE Id = 1 AND ExecutedThrough < @Newest;
+        IF NOT EXISTS (SELECT 1 FROM dbo.OutboxPurge WHERE Id = 1)
+            INSERT INTO dbo.OutboxPurge (Id, ExecutedThrough) VALUES (1, @Newest);
     END;
 END;
 COMMIT TRANSACTION;
@@ -739,7 +756,8 @@ pub const SELECT_ANNOUNCEMENT_OF_ORDER: &str = concat!(
 pub const OUTBOX_COUNTS: &str = "SELECT \
      CONVERT(BIGINT, ISNULL(SUM(CASE WHEN DispatchedAt IS NULL THEN 1 ELSE 0 END), 0)) AS Undispatched, \
      CONVERT(BIGINT, ISNULL(SUM(CASE WHEN DispatchedAt IS NULL AND Parked = 1 THEN 1 ELSE 0 END), 0)) AS Parked, \
-     CONVERT(BIGINT, ISNULL(SUM(CASE WHEN DispatchedAt IS NOT NULL THEN 1 ELSE 0 END), 0)) AS Dispatched \
+     CONVERT(BIGINT, ISNULL(SUM(CASE WHEN DispatchedAt IS NOT NULL THEN 1 ELSE 0 END), 0)) AS Dispatched, \
+     (SELECT CONVERT(NVARCHAR(40), ExecutedThrough, 126) FROM dbo.OutboxPurge WHERE Id = 1) AS PurgedThrough \
      FROM dbo.Outbox";
 
 /// `outbox retry`: undispatched announcements made due now and unparked
