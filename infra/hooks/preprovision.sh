@@ -36,6 +36,37 @@ if [ -n "${AZURE_PRINCIPAL_ID:-}" ] && [ "$oid" != "$AZURE_PRINCIPAL_ID" ]; then
   exit 1
 fi
 
+# The region offers what the template creates there: Flex Consumption for
+# custom handlers and Azure Managed Redis (Azure SQL is in every public
+# region). Asked of Azure, not a list kept here: Azure adds regions. A
+# question Azure does not answer is said and skipped, not guessed.
+region_offers() {
+  local what=$1 names=$2 wanted
+  wanted=$(printf '%s' "$AZURE_LOCATION" | tr -d ' ' | tr '[:upper:]' '[:lower:]')
+  names=$(printf '%s\n' "$names" | tr -d ' \r' | tr '[:upper:]' '[:lower:]')
+  case $'\n'"$names"$'\n' in
+    *$'\n'"$wanted"$'\n'*) return 0 ;;
+  esac
+  echo "error: region $AZURE_LOCATION does not offer $what, which the template creates there; pick another:" >&2
+  echo "  azd env set AZURE_LOCATION <region>   (regions that offer it: README, \"Region\")" >&2
+  exit 1
+}
+if [ -n "${AZURE_LOCATION:-}" ]; then
+  if flex=$(azs functionapp list-flexconsumption-locations --runtime custom --query "[].name" -o tsv 2>/dev/null) \
+    && [ -n "$flex" ]; then
+    region_offers "Flex Consumption for custom handlers" "$flex"
+  else
+    warn "could not ask Azure which regions offer Flex Consumption; provisioning goes on"
+  fi
+  if redis=$(azs provider show --namespace Microsoft.Cache \
+    --query "resourceTypes[?resourceType=='redisEnterprise'].locations[]" -o tsv 2>/dev/null) \
+    && [ -n "$redis" ]; then
+    region_offers "Azure Managed Redis" "$redis"
+  else
+    warn "could not ask Azure which regions offer Azure Managed Redis; provisioning goes on"
+  fi
+fi
+
 # A user's sign-in name, or a service principal's application id: the
 # login name of the SQL admin (its object id is what Azure SQL checks).
 echo "==> deploying as $type $name"

@@ -42,6 +42,10 @@ case "$name" in
         if has https://eventgrid.azure.net; then echo eg-token; exit 0; fi
         payload=$(printf '{"oid":"%s"}' "$REHEARSAL_OID" | base64 | tr '+/' '-_' | tr -d '=\n')
         echo "eyJhbGciOiJSUzI1NiJ9.$payload.c2ln" ;;
+      "functionapp list-flexconsumption-locations")
+        printf 'swedencentral\neastus\nwesteurope\n' ;;
+      "provider show")
+        printf 'Sweden Central\nEast US\n%s\n' "${REHEARSAL_REDIS_REGION:-West Europe}" ;;
       "rest --method")
         n=$(count rest)
         body=""; prev=""
@@ -589,4 +593,30 @@ fn az_and_azd_signed_in_as_different_identities_stop_before_provisioning() {
         "{}",
         pre.stderr
     );
+}
+
+#[test]
+fn a_region_without_flex_or_managed_redis_stops_before_provisioning_naming_which() {
+    for (location, missing) in [
+        ("southafricawest", "Flex Consumption"),
+        ("westeurope", "Azure Managed Redis"),
+    ] {
+        let azd = Azd::new(false);
+        azd.env_set("AZURE_LOCATION", location);
+        let ran = azd.up(&[("REHEARSAL_REDIS_REGION", "North Europe")]);
+        assert_eq!(ran.len(), 1, "nothing runs after preprovision");
+        let (_, pre) = &ran[0];
+        assert!(!pre.ok, "{location}");
+        assert!(
+            pre.stderr
+                .contains(&format!("region {location} does not offer {missing}")),
+            "{location}: {}",
+            pre.stderr
+        );
+    }
+    // Offered, named as Azure names its display names: provisioning goes on.
+    let azd = Azd::new(false);
+    azd.env_set("AZURE_LOCATION", "eastus");
+    let ran = azd.up(&[]);
+    assert_green(&ran, &azd.calls());
 }
