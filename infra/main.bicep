@@ -47,7 +47,7 @@ param principalId string
 ])
 param principalType string = 'User'
 
-@description('The deployer\'s sign-in name (the preprovision hook sets it): a user\'s UPN, or a service principal\'s display name. The Entra admin\'s login on Azure SQL.')
+@description('The deployer\'s sign-in name (the preprovision hook sets it): a user\'s UPN, or a service principal\'s application (client) id. The Entra admin\'s login on Azure SQL.')
 param principalName string
 
 @description('Event types that carry orders (ORDER_EVENT_TYPES): the subscription\'s filter (made by the postdeploy hook) and the handler\'s.')

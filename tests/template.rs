@@ -505,7 +505,12 @@ fn local_authentication_is_off_everywhere() {
     let data = read("infra/app/data.bicep");
     let admins = entries(block(&data, "administrators:"));
     assert_eq!(admins["azureADOnlyAuthentication"], "true");
-    assert_eq!(admins["sid"], "adminObjectId");
+    // A user's SID is its object id, an application's its client id (the
+    // login name the preprovision hook gives a service principal).
+    assert_eq!(
+        admins["sid"],
+        "adminPrincipalType == 'User' ? adminObjectId : adminLogin"
+    );
     for module in ["infra/app/app.bicep", "infra/app/messaging.bicep"] {
         let text = read(module);
         for account in resources(&text, "Microsoft.Storage/storageAccounts") {

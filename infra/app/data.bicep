@@ -40,7 +40,10 @@ resource sql 'Microsoft.Sql/servers@2023-08-01' = {
       administratorType: 'ActiveDirectory'
       azureADOnlyAuthentication: true
       login: adminLogin
-      sid: adminObjectId
+      // An application's SID in Azure SQL is its application (client) id,
+      // which the preprovision hook gives as a service principal's login
+      // name; a user's is the object id.
+      sid: adminPrincipalType == 'User' ? adminObjectId : adminLogin
       // Azure SQL names a service principal's admin an Application.
       principalType: adminPrincipalType == 'User' ? 'User' : 'Application'
       tenantId: tenant().tenantId
