@@ -164,28 +164,30 @@ fn every_schema_batch_parses_as_tsql() {
     // SchemaVersion, Orders, its unique index, Positions, its Units column
     // and the old column renamed (version 2 → 3), RejectedEvents, two
     // indexes, StoreIdentity and its row, the app's role and its grants,
-    // the outbox and its four indexes, the execution procedure (dropped if
-    // there, created, granted); after the rows are converted, Units made
-    // NOT NULL and the old column dropped, the version rows 3 and 4: a GO
-    // lost or added shows here.
-    assert_eq!(batches.len(), 24, "{batches:#?}");
+    // the outbox and its four indexes, the purge's watermark, the execution
+    // procedure (dropped if there, created, granted); after the rows are
+    // converted, Units made NOT NULL and the old column dropped, the
+    // version rows 3, 4 and 5: a GO lost or added shows here.
+    assert_eq!(batches.len(), 26, "{batches:#?}");
     let migration = sql::migration();
-    assert_eq!(migration.setup.len(), 21);
+    assert_eq!(migration.setup.len(), 22);
     assert_eq!(
         migration.finish.len(),
-        3,
+        4,
         "the last transaction: {:#?}",
         migration.finish
     );
     assert!(
-        batches[23].contains("(4, SYSUTCDATETIME())"),
+        batches[25].contains("(5, SYSUTCDATETIME())"),
         "the version row is last"
     );
-    assert!(batches[22].contains("(3, SYSUTCDATETIME())"));
-    assert!(batches[21].contains("DROP COLUMN QuantityV2"));
+    assert!(batches[24].contains("(4, SYSUTCDATETIME())"));
+    assert!(batches[23].contains("(3, SYSUTCDATETIME())"));
+    assert!(batches[22].contains("DROP COLUMN QuantityV2"));
+    assert!(batches[16].contains("CREATE TABLE dbo.OutboxPurge"));
     let procedure = sql::execute_procedure_batches();
     assert_eq!(
-        [&*batches[18], &*batches[19], &*batches[20]],
+        [&*batches[19], &*batches[20], &*batches[21]],
         [
             procedure[0].as_str(),
             procedure[1].as_str(),
@@ -216,7 +218,7 @@ fn every_schema_batch_parses_as_tsql() {
         } else {
             1
         };
-        if i != 19 {
+        if i != 20 {
             parse_as(&format!("schema batch {i}"), batch, statements);
         }
     }
@@ -227,6 +229,7 @@ fn every_schema_batch_parses_as_tsql() {
         "REJECTEDEVENTS",
         "SCHEMAVERSION",
         "OUTBOX",
+        "OUTBOXPURGE",
     ] {
         assert!(
             schema.contains(&format!("IF OBJECT_ID(N'DBO.{table}', N'U') IS NULL")),

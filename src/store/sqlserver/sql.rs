@@ -662,34 +662,45 @@ pub const DEFER_ANNOUNCEMENT: &str = "UPDATE dbo.Outbox SET Attempts = Attempts 
 /// instance purging meanwhile makes this call delete nothing). Answers how
 /// many it deleted.
 pub const PURGE_ANNOUNCED: &str = "SET NOCOUNT ON;
-DECLARE @Lock INT, @Deleted INT = 0;
-DECLARE @Gone TABLE (ExecutedAt DATETIME2(3) NOT NULL);
+DECLARE @Lock INT, @Deleted INT = 0, @Newest DATETIME2(3), @More DATETIME2(3);
 BEGIN TRANSACTION;
 EXEC @Lock = sp_getapplock @Resource = N'order-guard:outbox-purge', @LockMode = N'Exclusive',
     @LockOwner = N'Transaction', @LockTimeout = 0;
 IF @Lock >= 0
 BEGIN
-    DELETE o OUTPUT deleted.ExecutedAt INTO @Gone (ExecutedAt)
-      FROM dbo.Outbox AS o
-      JOIN (SELECT TOP (@P2) Seq FROM dbo.Outbox
+    -- The newest execution among the rows each delete takes, read first
+    -- with the same selection (no OUTPUT: outside the portable subset). A
+    -- row that changes in between (`outbox resend`) can only make it newer
+    -- than the rows deleted: the watermark errs towards refusing.
+    SELECT @Newest = MAX(b.ExecutedAt)
+      FROM (SELECT TOP (@P2) ExecutedAt FROM dbo.Outbox
              WHERE DispatchedAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
-             ORDER BY DispatchedAt, Seq) AS b ON b.Seq = o.Seq;
+             ORDER BY DispatchedAt, Seq) AS b;
+    DELETE o FROM dbo.Outbox AS o
+    JOIN (SELECT TOP (@P2) Seq FROM dbo.Outbox
+           WHERE DispatchedAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
+           ORDER BY DispatchedAt, Seq) AS b ON b.Seq = o.Seq;
     SET @Deleted = @@ROWCOUNT;
     IF @P3 = 1 AND @Deleted < @P2
     BEGIN
-        DELETE o OUTPUT deleted.ExecutedAt INTO @Gone (ExecutedAt)
-          FROM dbo.Outbox AS o
-          JOIN (SELECT TOP (@P2 - @Deleted) Seq FROM dbo.Outbox
+        SELECT @More = MAX(b.ExecutedAt)
+          FROM (SELECT TOP (@P2 - @Deleted) ExecutedAt FROM dbo.Outbox
                  WHERE DispatchedAt IS NULL AND Parked = 0
                    AND NextAttemptAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
                    AND LeaseUntil <= SYSUTCDATETIME()
-                 ORDER BY NextAttemptAt, Seq) AS b ON b.Seq = o.Seq
+                 ORDER BY NextAttemptAt, Seq) AS b;
+        DELETE o FROM dbo.Outbox AS o
+        JOIN (SELECT TOP (@P2 - @Deleted) Seq FROM dbo.Outbox
+               WHERE DispatchedAt IS NULL AND Parked = 0
+                 AND NextAttemptAt < DATEADD(SECOND, -@P1, SYSUTCDATETIME())
+                 AND LeaseUntil <= SYSUTCDATETIME()
+               ORDER BY NextAttemptAt, Seq) AS b ON b.Seq = o.Seq
          WHERE o.DispatchedAt IS NULL AND o.LeaseUntil <= SYSUTCDATETIME();
         SET @Deleted = @Deleted + @@ROWCOUNT;
+        IF @More IS NOT NULL AND (@Newest IS NULL OR @More > @Newest) SET @Newest = @More;
     END;
     -- The watermark: raised to the newest execution deleted, never lowered.
-    DECLARE @Newest DATETIME2(3) = (SELECT MAX(ExecutedAt) FROM @Gone);
-    IF @Newest IS NOT NULL
+    IF @Deleted > 0 AND @Newest IS NOT NULL
     BEGIN
         UPDATE dbo.OutboxPurge SET ExecutedThrough = @Newest
          WHERE Id = 1 AND ExecutedThrough < @Newest;
