@@ -500,3 +500,30 @@ fn authentication_off_is_refused_where_the_embedded_state_would_be() {
     assert!(!status.success());
     assert!(out.contains("WEBHOOK_TENANT_ID"), "{out}");
 }
+
+#[tokio::test]
+async fn a_handshake_typed_event_in_a_notification_never_hides_the_orders_after_it() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    let hook = Webhook::start(&redis, &issuer.settings()).await;
+    let token = issuer.token();
+    let validation = validation_event("hidden")[0].clone();
+    let deleted = json!({
+        "id": unique_id("deleted"), "eventType": "Microsoft.EventGrid.SubscriptionDeletedEvent",
+        "subject": "", "eventTime": "2026-12-05T10:00:00Z", "dataVersion": "1", "data": {}
+    });
+    for first in [validation, deleted] {
+        // `aeg-event-type: Notification`: events, whatever the first one's type.
+        let batch = json!([first, eg_event(order("behind")), eg_event(order("behind"))]);
+        let answer = deliver(&hook.base, Some(&token), &batch).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(
+            outcomes(&answer),
+            vec!["rejected", "executed", "executed"],
+            "{}",
+            answer.body
+        );
+        let again = deliver(&hook.base, Some(&token), &batch).await;
+        assert_eq!(outcomes(&again)[1..], ["duplicate", "duplicate"]);
+    }
+}
