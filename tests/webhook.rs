@@ -368,14 +368,7 @@ async fn rolled_keys_are_fetched_again_and_keys_that_cannot_be_had_are_503() {
     )
     .await;
     assert_eq!(answer.status, 503, "{}", answer.body);
-    assert!(
-        answer.body["error"]
-            .as_str()
-            .unwrap()
-            .contains("signing keys"),
-        "{}",
-        answer.body
-    );
+    assert!(hook.log().contains("signing keys"), "{}", hook.log());
 }
 
 #[tokio::test]
@@ -526,4 +519,68 @@ async fn a_handshake_typed_event_in_a_notification_never_hides_the_orders_after_
         let again = deliver(&hook.base, Some(&token), &batch).await;
         assert_eq!(outcomes(&again)[1..], ["duplicate", "duplicate"]);
     }
+}
+
+#[tokio::test]
+async fn refusals_say_only_their_class_and_unknown_paths_are_404() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    let hook = Webhook::start(&redis, &issuer.settings()).await;
+    let events = json!([eg_event(order("refused"))]);
+    let mut other_app = event_grid_claims();
+    other_app["aud"] = json!("api://another-app");
+    let mut no_role = event_grid_claims();
+    no_role["roles"] = json!([]);
+    for (token, status, class) in [
+        (None, 401, "unauthorized"),
+        (Some(issuer.key.sign(&other_app)), 401, "unauthorized"),
+        (Some(issuer.key.sign(&no_role)), 403, "forbidden"),
+    ] {
+        let answer = deliver(&hook.base, token.as_deref(), &events).await;
+        assert_eq!(
+            (answer.status, answer.body.clone()),
+            (status, json!({ "error": class }))
+        );
+    }
+    // The detail is in the log, for the operator.
+    let log = hook.log();
+    assert!(log.contains("refused (401 unauthorized)"), "{log}");
+    assert!(log.contains(AUDIENCE) && log.contains(TENANT), "{log}");
+    assert!(log.contains(ROLE), "{log}");
+
+    for (method, path, status, allow) in [
+        ("GET", "/", 404, None),
+        ("POST", "/nope", 404, None),
+        ("GET", "/events/x", 404, None),
+        ("GET", "/events", 405, Some("POST, OPTIONS")),
+        ("POST", "/healthz", 405, Some("GET")),
+        ("DELETE", "/readyz", 405, Some("GET")),
+    ] {
+        let answer =
+            webhook_request(method, &format!("{}{path}", hook.base), &[], Vec::new()).await;
+        assert_eq!(answer.status, status, "{method} {path}: {}", answer.body);
+        assert_eq!(
+            answer.headers.get("allow").map(|v| v.to_str().unwrap()),
+            allow,
+            "{method} {path}"
+        );
+        let class = if status == 404 {
+            "not found"
+        } else {
+            "method not allowed"
+        };
+        assert_eq!(answer.body, json!({ "error": class }), "{method} {path}");
+    }
+    drop(hook);
+
+    // Keys that cannot be fetched: 503, without the key endpoint's address.
+    let mut down = Issuer::start().await;
+    down.stop();
+    let hook = Webhook::start(&redis, &down.settings()).await;
+    let answer = deliver(&hook.base, Some(&down.token()), &events).await;
+    assert_eq!(
+        (answer.status, answer.body),
+        (503, json!({ "error": "keys unavailable" }))
+    );
+    assert!(hook.log().contains(&down.authority()), "{}", hook.log());
 }

@@ -76,7 +76,8 @@ impl EntraSettings {
     }
 }
 
-/// Why a delivery is refused before any event is looked at.
+/// Why a delivery is refused before any event is looked at, with the
+/// detail for the log (never for the caller: it names the configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// 401: no valid token for this app from this tenant.
@@ -85,6 +86,24 @@ pub enum Refusal {
     Forbidden(String),
     /// 503: the signing keys could not be had; Event Grid retries.
     Unavailable(String),
+}
+
+impl Refusal {
+    /// What the caller is told: the class alone.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Refusal::Unauthenticated(_) => "unauthorized",
+            Refusal::Forbidden(_) => "forbidden",
+            Refusal::Unavailable(_) => "keys unavailable",
+        }
+    }
+
+    /// What the log is told.
+    pub fn detail(&self) -> &str {
+        match self {
+            Refusal::Unauthenticated(d) | Refusal::Forbidden(d) | Refusal::Unavailable(d) => d,
+        }
+    }
 }
 
 /// The claims checked beyond what [`Validation`] checks.

@@ -89,13 +89,53 @@ fn answer(status: StatusCode, body: serde_json::Value) -> warp::reply::Response 
     warp::reply::with_status(warp::reply::json(&body), status).into_response()
 }
 
-fn refused(status: StatusCode, why: &str) -> warp::reply::Response {
+/// A refusal: the detail to the log line (escaped: it may quote what the
+/// caller sent), the body only `class`. A caller with a bad token learns
+/// nothing of the configuration (tenant, audience, key endpoint).
+fn refused(status: StatusCode, class: &str, why: &str) -> warp::reply::Response {
+    log::warn!(
+        "webhook request refused ({} {class}): {}",
+        status.as_u16(),
+        crate::text::escaped(why)
+    );
+    answer(status, json!({ "error": class }))
+}
+
+/// A refusal of a request already authenticated (or with the
+/// authentication off): its detail is about the request itself, so the
+/// caller gets it too (Event Grid's delivery log shows it).
+fn refused_with_detail(status: StatusCode, why: &str) -> warp::reply::Response {
     log::warn!(
         "webhook delivery refused ({}): {}",
         status.as_u16(),
         crate::text::escaped(why)
     );
     answer(status, json!({ "error": why }))
+}
+
+/// The routes, each path with the methods it serves (its `Allow` header).
+const ROUTES: [(&str, &str); 3] = [
+    ("/events", "POST, OPTIONS"),
+    ("/healthz", "GET"),
+    ("/readyz", "GET"),
+];
+
+/// What a request no route took gets (pure): a path this webhook does not
+/// serve is 404; a path it serves with another method is 405 with the
+/// methods it takes (`Allow`); a served method on its path was refused
+/// for its headers: 400.
+fn misrouted(path: &str, method: &str) -> (StatusCode, Option<&'static str>) {
+    let path = match path.strip_suffix('/') {
+        Some(p) if !p.is_empty() => p,
+        _ => path,
+    };
+    match ROUTES.iter().find(|(p, _)| *p == path) {
+        None => (StatusCode::NOT_FOUND, None),
+        Some((_, allow)) if allow.split(", ").any(|m| m == method) => {
+            (StatusCode::BAD_REQUEST, None)
+        }
+        Some((_, allow)) => (StatusCode::METHOD_NOT_ALLOWED, Some(allow)),
+    }
 }
 
 impl Door {
@@ -134,27 +174,26 @@ impl Door {
         if self.draining.load(Ordering::SeqCst) {
             return refused(
                 StatusCode::SERVICE_UNAVAILABLE,
+                "shutting down",
                 "this instance is shutting down; Event Grid delivers again",
             );
         }
         if let Some(verifier) = &self.verifier {
-            match verifier.check(authorization.as_deref()).await {
-                Ok(()) => {}
-                Err(Refusal::Unauthenticated(why)) => {
-                    return refused(StatusCode::UNAUTHORIZED, &why)
-                }
-                Err(Refusal::Forbidden(why)) => return refused(StatusCode::FORBIDDEN, &why),
-                Err(Refusal::Unavailable(why)) => {
-                    return refused(StatusCode::SERVICE_UNAVAILABLE, &why)
-                }
+            if let Err(refusal) = verifier.check(authorization.as_deref()).await {
+                let status = match refusal {
+                    Refusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+                    Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
+                    Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                };
+                return refused(status, refusal.class(), refusal.detail());
             }
         }
         let bytes = match crate::body::read(body, length, self.limits).await {
             Ok(bytes) => bytes,
-            Err(e) => return refused(e.status(), &e.to_string()),
+            Err(e) => return refused_with_detail(e.status(), &e.to_string()),
         };
         match delivery::read(event_type.as_deref(), &bytes) {
-            Err(why) => refused(StatusCode::BAD_REQUEST, &why),
+            Err(why) => refused_with_detail(StatusCode::BAD_REQUEST, &why),
             Ok(Delivery::Validation { code }) => {
                 log::info!("Event Grid subscription validated (synchronous handshake)");
                 answer(StatusCode::OK, json!({ "validationResponse": code }))
@@ -255,6 +294,7 @@ pub fn routes(
             }
             None => refused(
                 StatusCode::BAD_REQUEST,
+                "bad request",
                 "an OPTIONS request without WebHook-Request-Origin: not the CloudEvents webhook handshake",
             ),
         });
@@ -285,6 +325,25 @@ pub fn routes(
                 ),
             }
         });
+    // Whatever no route took: by its path and method, never warp's
+    // rejection (which names its internals, and says 405 for any path).
+    let fallback = warp::method().and(warp::path::full()).map(
+        |method: warp::http::Method, path: warp::path::FullPath| {
+            let (status, allow) = misrouted(path.as_str(), method.as_str());
+            let class = match status {
+                StatusCode::NOT_FOUND => "not found",
+                StatusCode::METHOD_NOT_ALLOWED => "method not allowed",
+                _ => "bad request",
+            };
+            let mut response = refused(status, class, &format!("{method} {}", path.as_str()));
+            if let Some(allow) = allow {
+                response
+                    .headers_mut()
+                    .insert("Allow", warp::http::HeaderValue::from_static(allow));
+            }
+            response
+        },
+    );
     deliver
         .or(handshake)
         .unify()
@@ -292,19 +351,7 @@ pub fn routes(
         .unify()
         .or(ready)
         .unify()
-        .recover(|rejection: warp::Rejection| async move {
-            let status = if rejection.is_not_found() {
-                StatusCode::NOT_FOUND
-            } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
-                StatusCode::METHOD_NOT_ALLOWED
-            } else {
-                StatusCode::BAD_REQUEST
-            };
-            Ok::<_, Infallible>(answer(
-                status,
-                json!({ "error": format!("this webhook serves POST and OPTIONS /{PATH}, GET /healthz and GET /readyz ({rejection:?})") }),
-            ))
-        })
+        .or(fallback)
         .unify()
 }
 
@@ -346,4 +393,36 @@ pub fn bind(
         }
     };
     Ok((bound, run))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_no_route_took_is_404_by_path_and_405_by_method() {
+        assert_eq!(misrouted("/", "GET"), (StatusCode::NOT_FOUND, None));
+        assert_eq!(misrouted("/nope", "POST"), (StatusCode::NOT_FOUND, None));
+        assert_eq!(
+            misrouted("/events/x", "POST"),
+            (StatusCode::NOT_FOUND, None)
+        );
+        assert_eq!(
+            misrouted("/events", "GET"),
+            (StatusCode::METHOD_NOT_ALLOWED, Some("POST, OPTIONS"))
+        );
+        assert_eq!(
+            misrouted("/healthz", "POST"),
+            (StatusCode::METHOD_NOT_ALLOWED, Some("GET"))
+        );
+        assert_eq!(
+            misrouted("/readyz/", "DELETE"),
+            (StatusCode::METHOD_NOT_ALLOWED, Some("GET"))
+        );
+        assert_eq!(
+            misrouted("/events", "POST"),
+            (StatusCode::BAD_REQUEST, None),
+            "a served method on its path was refused for its headers"
+        );
+    }
 }
