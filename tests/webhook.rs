@@ -23,11 +23,27 @@ impl Webhook {
     /// `order-guard webhook` with `extra` settings, on `redis` and a new
     /// SQLite file; returns once `/healthz` answers.
     async fn start(redis: &RedisServer, extra: &[(String, String)]) -> Webhook {
+        let mut hook = Webhook::spawn(redis, extra, &[]);
+        hook.wait_alive().await;
+        hook
+    }
+
+    /// `order-guard webhook` started (run by `wrapper`, a command and its
+    /// arguments, when one is given), not waited for.
+    fn spawn(redis: &RedisServer, extra: &[(String, String)], wrapper: &[&str]) -> Webhook {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let log = dir.path().join("webhook.log");
         let out = std::fs::File::create(&log).unwrap();
-        let mut cmd = tokio::process::Command::new(common::handler_binary());
+        let binary = common::handler_binary();
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = tokio::process::Command::new(program);
+                cmd.args(args).arg(&binary);
+                cmd
+            }
+            None => tokio::process::Command::new(&binary),
+        };
         cmd.arg("webhook")
             .env_clear()
             .env("RUST_LOG", "info")
@@ -42,19 +58,25 @@ impl Webhook {
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("start order-guard webhook");
-        let base = format!("http://127.0.0.1:{port}");
+        let child = cmd.spawn().expect("start order-guard webhook");
+        Webhook {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// Once `/healthz` answers.
+    async fn wait_alive(&mut self) {
         let started = std::time::Instant::now();
         loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "order-guard webhook exited ({status}): {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("order-guard webhook exited ({status}): {}", self.log());
             }
             let probe = tokio::time::timeout(
                 Duration::from_secs(2),
-                hyper::Client::new().get(format!("{base}/healthz").parse().unwrap()),
+                hyper::Client::new().get(format!("{}/healthz", self.base).parse().unwrap()),
             )
             .await;
             if let Ok(Ok(r)) = probe {
@@ -65,15 +87,22 @@ impl Webhook {
             assert!(
                 started.elapsed() < Duration::from_secs(30),
                 "the webhook did not answer /healthz: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
+                self.log()
             );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        Webhook {
-            child,
-            base,
-            log,
-            _dir: dir,
+    }
+
+    /// Once its log holds `line`, or after `limit`.
+    async fn wait_for_log(&mut self, line: &str, limit: Duration) {
+        let started = std::time::Instant::now();
+        while !self.log().contains(line) {
+            assert!(
+                started.elapsed() < limit,
+                "no {line:?} in the log within {limit:?}: {}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -583,4 +612,55 @@ async fn refusals_say_only_their_class_and_unknown_paths_are_404() {
         (503, json!({ "error": "keys unavailable" }))
     );
     assert!(hook.log().contains(&down.authority()), "{}", hook.log());
+}
+
+/// The path of `program` on this machine's PATH.
+fn on_path(program: &str) -> String {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|d| std::path::Path::new(d).join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{program} is not on PATH (util-linux)"))
+        .display()
+        .to_string()
+}
+
+#[tokio::test]
+async fn sigterm_during_a_slow_start_ends_the_process_promptly_even_as_pid_1() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    let mut settings = issuer.settings();
+    settings.push(("SQLITE_BUSY_TIMEOUT_MS".into(), "100".into()));
+    // PID 1 of its own PID namespace, as in a container: the kernel drops
+    // a signal PID 1 does not listen for.
+    // The start waits for its SQLite file, which this test holds locked.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("locked.db");
+    let held = rusqlite::Connection::open(&file).unwrap();
+    held.execute_batch("BEGIN EXCLUSIVE; CREATE TABLE held(x);")
+        .unwrap();
+    settings.push((
+        "SQL_CONNECTION_STRING".into(),
+        format!("sqlite:{}?mode=rwc", file.display()),
+    ));
+    let unshare = on_path("unshare");
+    let mut hook = Webhook::spawn(
+        &redis,
+        &settings,
+        &[&unshare, "--pid", "--fork", "--kill-child"],
+    );
+    hook.wait_for_log("store not ready yet", Duration::from_secs(30))
+        .await;
+    let outer = hook.child.id().unwrap();
+    let children = std::fs::read_to_string(format!("/proc/{outer}/task/{outer}/children")).unwrap();
+    let pid: u32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    signal(pid, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(5), hook.child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("SIGTERM during the start was not honoured: {}", hook.log()))
+        .unwrap();
+    assert!(status.success(), "{status}: {}", hook.log());
+    assert!(hook.log().contains("SIGTERM received"), "{}", hook.log());
+    drop(held);
 }
