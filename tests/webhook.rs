@@ -796,3 +796,141 @@ async fn where_several_replicas_may_run_nothing_per_replica_and_no_open_door_is_
         .await
         .expect("a single-replica pod that opted in");
 }
+
+#[tokio::test]
+async fn a_key_endpoint_outage_costs_one_fetch_however_many_deliveries_come() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    // The key endpoint answers 500, slowly.
+    issuer.answer_keys(500, Duration::from_millis(500));
+    let hook = Webhook::start(&redis, &issuer.settings()).await;
+    let events = json!([eg_event(order("outage"))]);
+    let token = issuer.token();
+    // Four at once: one fetch, which all four wait for together.
+    let at_once =
+        futures::future::join_all((0..4).map(|_| deliver(&hook.base, Some(&token), &events))).await;
+    assert_eq!(issuer.fetches(), 1, "one fetch for everyone");
+    for answer in at_once {
+        assert_eq!(
+            (answer.status, answer.body),
+            (503, json!({ "error": "keys unavailable" }))
+        );
+    }
+    // A failed fetch moments ago: 503 at once, without another.
+    for _ in 0..6 {
+        assert_eq!(deliver(&hook.base, Some(&token), &events).await.status, 503);
+    }
+    assert_eq!(issuer.fetches(), 1, "a floor between fetches");
+}
+
+/// Deliver `events` with `token` until `done` says the answer ends the
+/// wait, asserting each answer's status is `status` until then.
+#[cfg(feature = "failpoints")]
+async fn deliver_until(
+    base: &str,
+    token: &str,
+    events: &Value,
+    status: u16,
+    done: impl Fn(&WebhookAnswer) -> bool,
+) -> WebhookAnswer {
+    let started = std::time::Instant::now();
+    loop {
+        let answer = deliver(base, Some(token), events).await;
+        if done(&answer) {
+            return answer;
+        }
+        assert_eq!(answer.status, status, "{}", answer.body);
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "never done: {}",
+            answer.body
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn held_keys_serve_through_a_key_endpoint_outage_and_an_unknown_key_id_is_503_not_401() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    // Half a second between fetches in place of 30.
+    let mut settings = issuer.settings();
+    settings.push((
+        "FAILPOINTS".into(),
+        "webhook_keys_floor_ms=return(500)".into(),
+    ));
+    let hook = Webhook::start(&redis, &settings).await;
+    let first = deliver(
+        &hook.base,
+        Some(&issuer.token()),
+        &json!([eg_event(order("held"))]),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(issuer.fetches(), 1);
+
+    // The key endpoint fails; Entra ID has rolled its keys meanwhile.
+    issuer.answer_keys(500, Duration::ZERO);
+    let rolled = issuer.new_key("key-2");
+    let by_rolled = rolled.sign(&event_grid_claims());
+    let events = json!([eg_event(order("rolled"))]);
+    // A token of the keys held: served, the outage changes nothing.
+    let held = deliver(
+        &hook.base,
+        Some(&issuer.token()),
+        &json!([eg_event(order("held2"))]),
+    )
+    .await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    // The rolled key id: 503 while the keys cannot be fetched, through the
+    // floor and through a failed fetch (never 401, never retried).
+    deliver_until(&hook.base, &by_rolled, &events, 503, |_| {
+        issuer.fetches() >= 2
+    })
+    .await;
+    let answer = deliver(&hook.base, Some(&by_rolled), &events).await;
+    assert_eq!(
+        (answer.status, answer.body),
+        (503, json!({ "error": "keys unavailable" }))
+    );
+    // The endpoint is back with the rolled key: found once the floor allows.
+    issuer.publish(&[&issuer.key, &rolled]);
+    issuer.answer_keys(200, Duration::ZERO);
+    let done = deliver_until(&hook.base, &by_rolled, &events, 503, |a| a.status != 503).await;
+    assert_eq!(
+        (done.status, outcomes(&done)),
+        (200, vec!["executed".to_string()])
+    );
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn keys_held_too_long_are_refreshed_behind_the_deliveries_once_per_floor() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    // Keys always held too long; a second between fetches.
+    let mut settings = issuer.settings();
+    settings.push((
+        "FAILPOINTS".into(),
+        "webhook_keys_floor_ms=return(1000);webhook_keys_kept_ms=return(0)".into(),
+    ));
+    let hook = Webhook::start(&redis, &settings).await;
+    let token = issuer.token();
+    let first = deliver(&hook.base, Some(&token), &json!([eg_event(order("old"))])).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    // The identity provider's incident: each fetch hangs, then fails.
+    issuer.answer_keys(500, Duration::from_secs(3));
+    let started = std::time::Instant::now();
+    for _ in 0..10 {
+        let answer = deliver(&hook.base, Some(&token), &json!([eg_event(order("old"))])).await;
+        assert_eq!(answer.status, 200, "the keys held serve: {}", answer.body);
+    }
+    let floors = started.elapsed().as_millis() / 1000 + 1;
+    let refreshes = issuer.fetches() - 1;
+    assert!(
+        refreshes as u128 <= floors,
+        "{refreshes} refreshes in {:?}: at most one per second",
+        started.elapsed()
+    );
+}

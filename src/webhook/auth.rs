@@ -4,12 +4,12 @@
 //! token for the webhook's app and sends it as `Authorization: Bearer …`
 //! with every request, the validation handshake included. A delivery is
 //! taken only when its token
-//! - is signed (RS256) by one of the tenant's signing keys, fetched from the
-//!   authority's JWKS document, cached, and fetched again when a token names
-//!   a key id the cache does not hold (Entra ID rolls its keys), at most
-//!   once per [`REFETCH_AT_MOST_EVERY`] so a flood of made-up key ids cannot
-//!   turn into a flood of fetches (a key id met sooner is answered `503`:
-//!   Event Grid delivers again later, when a rolled key is found);
+//! - is signed (RS256) by one of the tenant's signing keys, held by one
+//!   refresher ([`super::keys`]: fetched once for everyone, at most once
+//!   per [`REFETCH_AT_MOST_EVERY`] whatever the state, the keys held used
+//!   while a fetch fails; a key id the keys lack when they cannot be
+//!   fetched again yet is answered `503`: Event Grid delivers again later,
+//!   when a rolled key is found);
 //! - is for this app (`aud`: its application id or application id URI, as
 //!   the subscription names it), from the tenant (`iss`: the v1 or v2
 //!   issuer), within its lifetime (`exp`, `nbf`, with [`CLOCK_SKEW`]);
@@ -21,12 +21,13 @@
 //! token of another caller or without the role is `403`; keys that cannot be
 //! fetched are `503`, never `401` or `403`, which Event Grid does not retry.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
+
+use super::keys::{Keys, NoKey};
+pub use super::keys::{KEYS_KEPT_FOR, REFETCH_AT_MOST_EVERY};
 
 /// Event Grid's own application id: the service principal Entra ID issues
 /// its delivery tokens to.
@@ -37,11 +38,6 @@ pub const SUBSCRIBER_ROLE: &str = "AzureEventGridSecureWebhookSubscriber";
 pub const DEFAULT_AUTHORITY: &str = "https://login.microsoftonline.com";
 /// Leeway on `exp` and `nbf`: clocks of two machines disagree a little.
 pub const CLOCK_SKEW: Duration = Duration::from_secs(60);
-/// A key id the cache does not know fetches the keys again, at most this
-/// often.
-pub const REFETCH_AT_MOST_EVERY: Duration = Duration::from_secs(30);
-/// Keys held longer than this are fetched again before use.
-pub const KEYS_KEPT_FOR: Duration = Duration::from_secs(24 * 3600);
 /// How long one fetch of the keys may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -143,55 +139,11 @@ fn caller_refusal(appid: Option<&str>, roles: &[String]) -> Option<String> {
     }
 }
 
-/// What to do for a token's key id (see [`key_step`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum KeyStep {
-    /// Check the token with the key held.
-    Use,
-    /// Fetch the keys (none held, held too long, or a key id they lack).
-    Fetch,
-    /// The keys were fetched too lately to fetch them again for a key id
-    /// they lack: answer `503`, so Event Grid delivers again after this
-    /// long or more (a roll is then found; a made-up id is then `401`).
-    AskAgainIn(Duration),
-}
-
-/// The step for a key id (pure): `held` is whether the keys held have it
-/// and when they were fetched, `last_fetch` when a fetch last began.
-fn key_step(held: Option<(bool, Instant)>, last_fetch: Option<Instant>, now: Instant) -> KeyStep {
-    match held {
-        None => KeyStep::Fetch,
-        Some((_, fetched)) if now.saturating_duration_since(fetched) >= KEYS_KEPT_FOR => {
-            KeyStep::Fetch
-        }
-        Some((true, _)) => KeyStep::Use,
-        Some((false, _)) => {
-            let since = last_fetch.map_or(REFETCH_AT_MOST_EVERY, |at| {
-                now.saturating_duration_since(at)
-            });
-            if since >= REFETCH_AT_MOST_EVERY {
-                KeyStep::Fetch
-            } else {
-                KeyStep::AskAgainIn(REFETCH_AT_MOST_EVERY - since)
-            }
-        }
-    }
-}
-
-/// The signing keys held, and when they were fetched.
-struct Keys {
-    set: JwkSet,
-    fetched: Instant,
-}
-
 /// Checks delivery tokens against the tenant's signing keys.
 pub struct Verifier {
     settings: EntraSettings,
     validation: Validation,
-    client: reqwest::Client,
-    keys: tokio::sync::Mutex<Option<Keys>>,
-    /// When a fetch was last begun (a made-up key id waits for the next).
-    last_fetch: Mutex<Option<Instant>>,
+    keys: Keys,
 }
 
 impl Verifier {
@@ -210,11 +162,9 @@ impl Verifier {
                 anyhow::anyhow!("cannot build the HTTP client for Entra ID's keys: {e}")
             })?;
         Ok(Verifier {
+            keys: Keys::new(settings.keys_url(), client),
             settings,
             validation,
-            client,
-            keys: tokio::sync::Mutex::new(None),
-            last_fetch: Mutex::new(None),
         })
     }
 
@@ -264,62 +214,16 @@ impl Verifier {
         }
     }
 
-    /// The key `kid` names, by [`key_step`]: from the keys held, or from
-    /// a fetch of them.
+    /// The key `kid` names: from the keys held, or from a fetch of them.
     async fn key(&self, kid: &str) -> Result<DecodingKey, Refusal> {
-        let mut keys = self.keys.lock().await;
-        let now = Instant::now();
-        let held = keys
-            .as_ref()
-            .map(|k| (k.set.find(kid).is_some(), k.fetched));
-        let last_fetch = *self.last_fetch.lock().unwrap_or_else(|p| p.into_inner());
-        match key_step(held, last_fetch, now) {
-            KeyStep::Use => {}
-            KeyStep::AskAgainIn(wait) => {
-                return Err(Refusal::Unavailable(format!(
-                    "the token's signing key {kid:?} is not among the keys fetched {} s ago; they are fetched again in {} s (Entra ID may have rolled them)",
-                    last_fetch.map_or(0, |at| now.saturating_duration_since(at).as_secs()),
-                    wait.as_secs().max(1)
-                )))
-            }
-            KeyStep::Fetch => {
-                *self.last_fetch.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
-                match self.fetch().await {
-                    Ok(set) => {
-                        *keys = Some(Keys {
-                            set,
-                            fetched: Instant::now(),
-                        })
-                    }
-                    // Keys held, even old, still sign the tokens they signed.
-                    Err(e) if keys.is_some() => log::warn!("{e}; the keys held are used meanwhile"),
-                    Err(e) => return Err(Refusal::Unavailable(e)),
-                }
-            }
-        }
-        match keys.as_ref().and_then(|k| k.set.find(kid)) {
-            Some(jwk) => decoding_key(jwk),
-            None => Err(Refusal::Unauthenticated(format!(
-                "the token's signing key {kid:?} is not among tenant {}'s keys",
+        match self.keys.key(kid).await {
+            Ok(jwk) => decoding_key(&jwk),
+            Err(NoKey::Unknown(why)) => Err(Refusal::Unauthenticated(format!(
+                "{why} (tenant {})",
                 self.settings.tenant_id
             ))),
+            Err(NoKey::Unavailable(why)) => Err(Refusal::Unavailable(why)),
         }
-    }
-
-    async fn fetch(&self) -> Result<JwkSet, String> {
-        let url = self.settings.keys_url();
-        let failed = |e: String| format!("cannot fetch Entra ID's signing keys from {url}: {e}");
-        let response = self
-            .client
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        if !response.status().is_success() {
-            return Err(failed(format!("HTTP {}", response.status())));
-        }
-        let body = response.bytes().await.map_err(|e| failed(e.to_string()))?;
-        serde_json::from_slice(&body).map_err(|e| failed(format!("not a JWKS document: {e}")))
     }
 }
 
@@ -362,30 +266,6 @@ mod tests {
         let no_role = caller_refusal(Some(EVENT_GRID_APP_ID), &roles(&["Reader"])).unwrap();
         assert!(no_role.contains(SUBSCRIBER_ROLE), "{no_role}");
         assert!(caller_refusal(Some(EVENT_GRID_APP_ID), &[]).is_some());
-    }
-
-    #[test]
-    fn keys_are_fetched_when_missing_old_or_lacking_a_key_id_at_most_every_30_s() {
-        let t = Instant::now();
-        let s = Duration::from_secs;
-        assert_eq!(key_step(None, None, t), KeyStep::Fetch);
-        assert_eq!(key_step(Some((true, t)), Some(t), t + s(5)), KeyStep::Use);
-        assert_eq!(
-            key_step(Some((true, t)), Some(t), t + KEYS_KEPT_FOR),
-            KeyStep::Fetch,
-            "held too long"
-        );
-        assert_eq!(
-            key_step(Some((false, t)), Some(t), t + s(10)),
-            KeyStep::AskAgainIn(s(20)),
-            "a key id the fresh keys lack: ask again later, not 401"
-        );
-        assert_eq!(
-            key_step(Some((false, t)), Some(t), t + REFETCH_AT_MOST_EVERY),
-            KeyStep::Fetch,
-            "a rolled key is found once the interval has passed"
-        );
-        assert_eq!(key_step(Some((false, t)), None, t), KeyStep::Fetch);
     }
 
     #[test]

@@ -22,6 +22,7 @@
 
 pub mod auth;
 pub mod delivery;
+mod keys;
 
 use std::convert::Infallible;
 use std::future::Future;

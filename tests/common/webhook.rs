@@ -108,6 +108,14 @@ pub fn event_grid_claims() -> Value {
     })
 }
 
+/// How the issuer's key endpoint answers: each fetch waits `delay`, then
+/// is answered `status` (200: the keys).
+#[derive(Clone, Copy)]
+struct Outage {
+    status: u16,
+    delay: std::time::Duration,
+}
+
 /// A local issuer: the tenant's JWKS document served on loopback at
 /// `/{TENANT}/discovery/v2.0/keys`, with the keys it publishes changeable
 /// (a key roll) and its fetches counted.
@@ -116,6 +124,7 @@ pub struct Issuer {
     pub key: SigningKey,
     published: Arc<Mutex<Vec<Value>>>,
     fetches: Arc<AtomicUsize>,
+    outage: Arc<Mutex<Outage>>,
     _dir: tempfile::TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -127,15 +136,26 @@ impl Issuer {
         let key = SigningKey::new("key-1", dir.path());
         let published = Arc::new(Mutex::new(vec![key.jwk.clone()]));
         let fetches = Arc::new(AtomicUsize::new(0));
+        let outage = Arc::new(Mutex::new(Outage {
+            status: 200,
+            delay: std::time::Duration::ZERO,
+        }));
         let keys = {
             let published = Arc::clone(&published);
             let fetches = Arc::clone(&fetches);
+            let outage = Arc::clone(&outage);
             warp::get()
                 .and(warp::path!(String / "discovery" / "v2.0" / "keys"))
-                .map(move |tenant: String| {
+                .then(move |tenant: String| {
                     fetches.fetch_add(1, Ordering::SeqCst);
                     assert_eq!(tenant, TENANT, "keys asked for another tenant");
-                    warp::reply::json(&json!({ "keys": *published.lock().unwrap() }))
+                    let keys = json!({ "keys": *published.lock().unwrap() });
+                    let Outage { status, delay } = *outage.lock().unwrap();
+                    async move {
+                        tokio::time::sleep(delay).await;
+                        let status = warp::http::StatusCode::from_u16(status).unwrap();
+                        warp::reply::with_status(warp::reply::json(&keys), status)
+                    }
                 })
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -148,6 +168,7 @@ impl Issuer {
             key,
             published,
             fetches,
+            outage,
             _dir: dir,
             stop: Some(tx),
         }
@@ -179,6 +200,12 @@ impl Issuer {
     /// Publish these keys from now on (a key roll).
     pub fn publish(&self, keys: &[&SigningKey]) {
         *self.published.lock().unwrap() = keys.iter().map(|k| k.jwk.clone()).collect();
+    }
+
+    /// From now on every fetch of the keys waits `delay`, then is answered
+    /// `status` (200 with the keys: the endpoint is back).
+    pub fn answer_keys(&self, status: u16, delay: std::time::Duration) {
+        *self.outage.lock().unwrap() = Outage { status, delay };
     }
 
     /// How many times the keys were fetched.
