@@ -934,3 +934,57 @@ async fn keys_held_too_long_are_refreshed_behind_the_deliveries_once_per_floor()
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn both_audience_forms_and_the_issuers_the_authority_publishes_are_taken() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    // A sovereign cloud: its own issuers, in its OpenID configuration.
+    let (v1, v2) = (
+        format!("https://sts.chinacloudapi.cn/{TENANT}/"),
+        format!("https://login.chinacloudapi.cn/{TENANT}/v2.0"),
+    );
+    issuer.set_issuers(&v1, &v2);
+    let app = "5b3c7f3e-8a52-4c1e-9f0e-0d1c2b3a4f5e";
+    let mut settings = issuer.settings();
+    settings.retain(|(k, _)| k != "WEBHOOK_AUDIENCE");
+    settings.push((
+        "WEBHOOK_AUDIENCE".into(),
+        format!("api://{app}, api://other-name"),
+    ));
+    let hook = Webhook::start(&redis, &settings).await;
+    let token = |aud: &str, iss: &str, v2: bool| {
+        let mut claims = event_grid_claims();
+        claims["aud"] = json!(aud);
+        claims["iss"] = json!(iss);
+        if v2 {
+            claims.as_object_mut().unwrap().remove("appid");
+            claims["azp"] = json!(EVENT_GRID_APP_ID);
+        }
+        issuer.key.sign(&claims)
+    };
+    let api = format!("api://{app}");
+    for (what, token, status) in [
+        ("v1, the app id URI", token(&api, &v1, false), 200),
+        ("v2, the bare app id", token(app, &v2, true), 200),
+        ("v1, the bare app id", token(app, &v1, false), 200),
+        (
+            "the other name listed",
+            token("api://other-name", &v1, false),
+            200,
+        ),
+        ("another app", token("api://another-app", &v1, false), 401),
+        (
+            "the public cloud's issuer",
+            token(
+                app,
+                &format!("https://login.microsoftonline.com/{TENANT}/v2.0"),
+                true,
+            ),
+            401,
+        ),
+    ] {
+        let answer = deliver(&hook.base, Some(&token), &json!([eg_event(order("aud"))])).await;
+        assert_eq!(answer.status, status, "{what}: {}", answer.body);
+    }
+}

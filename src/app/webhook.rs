@@ -48,7 +48,8 @@ pub async fn webhook(config: Config) -> anyhow::Result<()> {
     let auth = match &settings.auth {
         WebhookAuth::Entra(e) => format!(
             "Microsoft Entra ID: audience {}, tenant {}",
-            e.audience, e.tenant_id
+            e.accepted_audiences().join(", "),
+            e.tenant_id
         ),
         WebhookAuth::Off => "no authentication".into(),
     };

@@ -11,8 +11,11 @@
 //!   fetched again yet is answered `503`: Event Grid delivers again later,
 //!   when a rolled key is found);
 //! - is for this app (`aud`: its application id or application id URI, as
-//!   the subscription names it), from the tenant (`iss`: the v1 or v2
-//!   issuer), within its lifetime (`exp`, `nbf`, with [`CLOCK_SKEW`]);
+//!   the subscription names it: for an app id either form, since v2 tokens
+//!   carry the bare id; one of a list), from the tenant (`iss`: the v1 or
+//!   v2 issuer the authority's OpenID configuration documents name, so a
+//!   sovereign cloud's authority brings its own), within its lifetime
+//!   (`exp`, `nbf`, with [`CLOCK_SKEW`]);
 //! - was issued to Event Grid ([`EVENT_GRID_APP_ID`] in `appid` or `azp`)
 //!   and carries the [`SUBSCRIBER_ROLE`] app role.
 //!
@@ -26,7 +29,7 @@ use std::time::Duration;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use super::keys::{Keys, NoKey};
+use super::keys::{Issuers, Keys, NoKey};
 pub use super::keys::{KEYS_KEPT_FOR, REFETCH_AT_MOST_EVERY};
 
 /// Event Grid's own application id: the service principal Entra ID issues
@@ -46,29 +49,59 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct EntraSettings {
     /// The tenant of the webhook's app (a GUID).
     pub tenant_id: String,
-    /// The webhook app's application id or application id URI: the
-    /// audience the subscription asks tokens for.
-    pub audience: String,
-    /// Where the tenant's keys are published: `{authority}/{tenant}/discovery/v2.0/keys`.
+    /// The webhook's app as the subscriptions name it: its application id
+    /// or application id URI, one or more (a token for any is taken).
+    pub audiences: Vec<String>,
+    /// Where the tenant's keys and OpenID configuration are published:
+    /// `{authority}/{tenant}/…`.
     pub authority: String,
 }
 
 impl EntraSettings {
-    /// The JWKS document's address.
-    pub fn keys_url(&self) -> String {
+    fn base(&self) -> String {
         format!(
-            "{}/{}/discovery/v2.0/keys",
+            "{}/{}",
             self.authority.trim_end_matches('/'),
             self.tenant_id
         )
     }
 
-    /// The issuers a token of the tenant may name: v1 and v2 tokens.
-    pub fn issuers(&self) -> [String; 2] {
+    /// The JWKS document's address.
+    pub fn keys_url(&self) -> String {
+        format!("{}/discovery/v2.0/keys", self.base())
+    }
+
+    /// The OpenID configuration documents of the tenant's v1 and v2
+    /// tokens: each names its tokens' issuer (`sts.windows.net` and
+    /// `login.microsoftonline.com` in the public cloud, others in the
+    /// sovereign clouds), as Microsoft's token validation guidance reads it.
+    pub fn configuration_urls(&self) -> [String; 2] {
         [
-            format!("https://sts.windows.net/{}/", self.tenant_id),
-            format!("https://login.microsoftonline.com/{}/v2.0", self.tenant_id),
+            format!("{}/.well-known/openid-configuration", self.base()),
+            format!("{}/v2.0/.well-known/openid-configuration", self.base()),
         ]
+    }
+
+    /// The audiences a token may name (pure): each configured one, and for
+    /// an app's id its other form: `id` and `api://id` are one app (Event
+    /// Grid asks for the form the subscription names; Entra ID's v2 tokens
+    /// always carry the bare id).
+    pub fn accepted_audiences(&self) -> Vec<String> {
+        let mut accepted = Vec::new();
+        for a in &self.audiences {
+            let bare = a.strip_prefix("api://").unwrap_or(a);
+            let forms = if uuid::Uuid::parse_str(bare).is_ok() {
+                vec![bare.to_string(), format!("api://{bare}")]
+            } else {
+                vec![a.clone()]
+            };
+            for f in forms {
+                if !accepted.contains(&f) {
+                    accepted.push(f);
+                }
+            }
+        }
+        accepted
     }
 }
 
@@ -105,6 +138,7 @@ impl Refusal {
 /// The claims checked beyond what [`Validation`] checks.
 #[derive(Debug, Deserialize)]
 struct Claims {
+    iss: String,
     /// v1 tokens: the caller's application id.
     appid: Option<String>,
     /// v2 tokens: the same.
@@ -150,8 +184,9 @@ impl Verifier {
     pub fn new(settings: EntraSettings) -> anyhow::Result<Verifier> {
         crate::tls::install_crypto_provider();
         let mut validation = Validation::new(Algorithm::RS256);
-        validation.set_audience(&[settings.audience.as_str()]);
-        validation.set_issuer(&settings.issuers());
+        validation.set_audience(&settings.accepted_audiences());
+        // `iss` is checked against the issuers the authority's OpenID
+        // configuration names, fetched with the keys (see `check`).
         validation.set_required_spec_claims(&["exp", "aud", "iss"]);
         validation.validate_nbf = true;
         validation.leeway = CLOCK_SKEW.as_secs();
@@ -162,7 +197,7 @@ impl Verifier {
                 anyhow::anyhow!("cannot build the HTTP client for Entra ID's keys: {e}")
             })?;
         Ok(Verifier {
-            keys: Keys::new(settings.keys_url(), client),
+            keys: Keys::new(settings.keys_url(), settings.configuration_urls(), client),
             settings,
             validation,
         })
@@ -199,14 +234,22 @@ impl Verifier {
         let kid = header.kid.ok_or_else(|| {
             Refusal::Unauthenticated("the token names no signing key (kid)".into())
         })?;
-        let key = self.key(&kid).await?;
+        let (key, issuers) = self.key(&kid).await?;
         let data = jsonwebtoken::decode::<Claims>(token, &key, &self.validation).map_err(|e| {
             Refusal::Unauthenticated(format!(
                 "the token is not valid for {} in tenant {}: {e}",
-                self.settings.audience, self.settings.tenant_id
+                self.settings.audiences.join(", "),
+                self.settings.tenant_id
             ))
         })?;
         let claims = data.claims;
+        if !issuers.contains(&claims.iss) {
+            return Err(Refusal::Unauthenticated(format!(
+                "the token's issuer {:?} is not the tenant's ({})",
+                claims.iss,
+                issuers.join(", ")
+            )));
+        }
         let caller = claims.appid.as_deref().or(claims.azp.as_deref());
         match caller_refusal(caller, &claims.roles) {
             Some(why) => Err(Refusal::Forbidden(why)),
@@ -214,10 +257,11 @@ impl Verifier {
         }
     }
 
-    /// The key `kid` names: from the keys held, or from a fetch of them.
-    async fn key(&self, kid: &str) -> Result<DecodingKey, Refusal> {
+    /// The key `kid` names, and the tenant's issuers: from the keys held,
+    /// or from a fetch of them.
+    async fn key(&self, kid: &str) -> Result<(DecodingKey, Issuers), Refusal> {
         match self.keys.key(kid).await {
-            Ok(jwk) => decoding_key(&jwk),
+            Ok((jwk, issuers)) => Ok((decoding_key(&jwk)?, issuers)),
             Err(NoKey::Unknown(why)) => Err(Refusal::Unauthenticated(format!(
                 "{why} (tenant {})",
                 self.settings.tenant_id
@@ -269,10 +313,13 @@ mod tests {
     }
 
     #[test]
-    fn the_keys_and_issuers_are_the_tenants() {
+    fn the_keys_and_configuration_are_the_tenants_and_both_audience_forms_are_taken() {
         let s = EntraSettings {
             tenant_id: "t1".into(),
-            audience: "api://app".into(),
+            audiences: vec![
+                "api://5b3c7f3e-8a52-4c1e-9f0e-0d1c2b3a4f5e".into(),
+                "api://orders".into(),
+            ],
             authority: "https://login.microsoftonline.com/".into(),
         };
         assert_eq!(
@@ -280,10 +327,30 @@ mod tests {
             "https://login.microsoftonline.com/t1/discovery/v2.0/keys"
         );
         assert_eq!(
-            s.issuers(),
+            s.configuration_urls(),
             [
-                "https://sts.windows.net/t1/".to_string(),
-                "https://login.microsoftonline.com/t1/v2.0".to_string()
+                "https://login.microsoftonline.com/t1/.well-known/openid-configuration".to_string(),
+                "https://login.microsoftonline.com/t1/v2.0/.well-known/openid-configuration"
+                    .to_string()
+            ]
+        );
+        assert_eq!(
+            s.accepted_audiences(),
+            [
+                "5b3c7f3e-8a52-4c1e-9f0e-0d1c2b3a4f5e",
+                "api://5b3c7f3e-8a52-4c1e-9f0e-0d1c2b3a4f5e",
+                "api://orders"
+            ]
+        );
+        let bare = EntraSettings {
+            audiences: vec!["5B3C7F3E-8A52-4C1E-9F0E-0D1C2B3A4F5E".into()],
+            ..s
+        };
+        assert_eq!(
+            bare.accepted_audiences(),
+            [
+                "5B3C7F3E-8A52-4C1E-9F0E-0D1C2B3A4F5E",
+                "api://5B3C7F3E-8A52-4C1E-9F0E-0D1C2B3A4F5E"
             ]
         );
     }

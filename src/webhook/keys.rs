@@ -1,4 +1,5 @@
-//! The tenant's signing keys, held by one refresher.
+//! The tenant's signing keys, held by one refresher, with the issuers its
+//! OpenID configuration documents (v1, v2) name, fetched with them.
 //!
 //! The keys are read on the request path without waiting (a snapshot
 //! under a short lock, never held across a fetch). A fetch is one task for
@@ -86,9 +87,13 @@ pub(super) fn key_step(
     }
 }
 
-/// Keys fetched, and when.
+/// The issuers a token of the tenant may name (v1, v2).
+pub(super) type Issuers = Arc<[String]>;
+
+/// Keys fetched, the issuers the OpenID configuration named, and when.
 struct Held {
     set: JwkSet,
+    issuers: Issuers,
     fetched: Instant,
 }
 
@@ -115,21 +120,25 @@ pub(super) enum NoKey {
 /// The keys of one JWKS document, refreshed by one task at a time.
 pub(super) struct Keys {
     url: String,
+    configurations: Arc<[String; 2]>,
     client: reqwest::Client,
     state: Arc<Mutex<State>>,
 }
 
 impl Keys {
-    pub(super) fn new(url: String, client: reqwest::Client) -> Keys {
+    /// The keys of the JWKS document at `url`, with the issuers the OpenID
+    /// configuration documents at `configurations` name.
+    pub(super) fn new(url: String, configurations: [String; 2], client: reqwest::Client) -> Keys {
         Keys {
             url,
+            configurations: Arc::new(configurations),
             client,
             state: Arc::default(),
         }
     }
 
-    /// The key `kid` names, by [`key_step`].
-    pub(super) async fn key(&self, kid: &str) -> Result<Jwk, NoKey> {
+    /// The key `kid` names and the tenant's issuers, by [`key_step`].
+    pub(super) async fn key(&self, kid: &str) -> Result<(Jwk, Issuers), NoKey> {
         let now = Instant::now();
         let (step, held, flight) = {
             let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -153,7 +162,11 @@ impl Keys {
             };
             (step, held, flight)
         };
-        let found = |held: &Held| held.set.find(kid).cloned();
+        let found = |held: &Held| {
+            held.set
+                .find(kid)
+                .map(|k| (k.clone(), Arc::clone(&held.issuers)))
+        };
         match step {
             KeyStep::Use | KeyStep::UseAndRefresh => held
                 .as_deref()
@@ -191,15 +204,23 @@ impl Keys {
     /// the keys held when it succeeds, and leaves them when it fails.
     fn begin(&self, state: &mut State, now: Instant) -> Flight {
         state.last_fetch = Some(now);
-        let (url, client, shared) = (
+        let (url, configurations, client, shared) = (
             self.url.clone(),
+            Arc::clone(&self.configurations),
             self.client.clone(),
             Arc::clone(&self.state),
         );
         let task = tokio::spawn(async move {
-            let fetched = fetch(&client, &url).await.map(|set| {
+            let [v1, v2] = &*configurations;
+            let fetched = futures::try_join!(
+                fetch::<JwkSet>(&client, &url),
+                fetch::<Configuration>(&client, v1),
+                fetch::<Configuration>(&client, v2),
+            )
+            .map(|(set, v1, v2)| {
                 Arc::new(Held {
                     set,
+                    issuers: Arc::from([v1.issuer, v2.issuer]),
                     fetched: Instant::now(),
                 })
             });
@@ -225,7 +246,16 @@ impl Keys {
     }
 }
 
-async fn fetch(client: &reqwest::Client, url: &str) -> Result<JwkSet, String> {
+/// What is read of an OpenID configuration document.
+#[derive(serde::Deserialize)]
+struct Configuration {
+    issuer: String,
+}
+
+async fn fetch<T: serde::de::DeserializeOwned>(
+    client: &reqwest::Client,
+    url: &str,
+) -> Result<T, String> {
     let failed = |e: String| format!("cannot fetch Entra ID's signing keys from {url}: {e}");
     let response = client
         .get(url)
@@ -236,7 +266,7 @@ async fn fetch(client: &reqwest::Client, url: &str) -> Result<JwkSet, String> {
         return Err(failed(format!("HTTP {}", response.status())));
     }
     let body = response.bytes().await.map_err(|e| failed(e.to_string()))?;
-    serde_json::from_slice(&body).map_err(|e| failed(format!("not a JWKS document: {e}")))
+    serde_json::from_slice(&body).map_err(|e| failed(format!("not the document expected: {e}")))
 }
 
 #[cfg(test)]

@@ -125,6 +125,7 @@ pub struct Issuer {
     published: Arc<Mutex<Vec<Value>>>,
     fetches: Arc<AtomicUsize>,
     outage: Arc<Mutex<Outage>>,
+    issuers: Arc<Mutex<[String; 2]>>,
     _dir: tempfile::TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -140,6 +141,35 @@ impl Issuer {
             status: 200,
             delay: std::time::Duration::ZERO,
         }));
+        // The tenant's OpenID configuration documents (v1, v2): what the
+        // webhook reads its tokens' issuers from; the public cloud's unless
+        // a test says otherwise.
+        let issuers = Arc::new(Mutex::new([
+            format!("https://sts.windows.net/{TENANT}/"),
+            format!("https://login.microsoftonline.com/{TENANT}/v2.0"),
+        ]));
+        let configuration = {
+            let issuers = Arc::clone(&issuers);
+            let outage = Arc::clone(&outage);
+            warp::get()
+                .and(warp::path::param::<String>())
+                .and(
+                    warp::path!(".well-known" / "openid-configuration")
+                        .map(|| 0)
+                        .or(warp::path!("v2.0" / ".well-known" / "openid-configuration").map(|| 1))
+                        .unify(),
+                )
+                .map(move |tenant: String, version: usize| {
+                    assert_eq!(tenant, TENANT, "configuration asked for another tenant");
+                    let issuer = issuers.lock().unwrap()[version].clone();
+                    let status = outage.lock().unwrap().status;
+                    let status = warp::http::StatusCode::from_u16(status).unwrap();
+                    warp::reply::with_status(
+                        warp::reply::json(&json!({ "issuer": issuer })),
+                        status,
+                    )
+                })
+        };
         let keys = {
             let published = Arc::clone(&published);
             let fetches = Arc::clone(&fetches);
@@ -159,7 +189,8 @@ impl Issuer {
                 })
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let (addr, server) = warp::serve(keys).bind_with_graceful_shutdown(addr, async move {
+        let routes = keys.or(configuration);
+        let (addr, server) = warp::serve(routes).bind_with_graceful_shutdown(addr, async move {
             let _ = rx.await;
         });
         tokio::spawn(server);
@@ -169,6 +200,7 @@ impl Issuer {
             published,
             fetches,
             outage,
+            issuers,
             _dir: dir,
             stop: Some(tx),
         }
@@ -206,6 +238,12 @@ impl Issuer {
     /// `status` (200 with the keys: the endpoint is back).
     pub fn answer_keys(&self, status: u16, delay: std::time::Duration) {
         *self.outage.lock().unwrap() = Outage { status, delay };
+    }
+
+    /// Publish these issuers (v1, v2) in the OpenID configuration from
+    /// now on (a sovereign cloud's).
+    pub fn set_issuers(&self, v1: &str, v2: &str) {
+        *self.issuers.lock().unwrap() = [v1.to_string(), v2.to_string()];
     }
 
     /// How many times the keys were fetched.
