@@ -988,3 +988,21 @@ async fn both_audience_forms_and_the_issuers_the_authority_publishes_are_taken()
         assert_eq!(answer.status, status, "{what}: {}", answer.body);
     }
 }
+
+#[tokio::test]
+async fn a_delivery_of_thousands_of_events_is_answered_once_each_executed_once() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    let hook = Webhook::start(&redis, &issuer.settings()).await;
+    let token = issuer.token();
+    // 2 000 events, more than the SQLite writer's queue holds (1 024).
+    let events: Vec<Value> = (0..2000).map(|_| eg_event(order("bulk"))).collect();
+    let batch = Value::Array(events);
+    let answer = deliver(&hook.base, Some(&token), &batch).await;
+    assert_eq!(answer.status, 200, "{}", hook.log());
+    let first = outcomes(&answer);
+    assert_eq!(first.len(), 2000);
+    assert!(first.iter().all(|o| o == "executed"), "{first:?}");
+    let again = outcomes(&deliver(&hook.base, Some(&token), &batch).await);
+    assert!(again.iter().all(|o| o == "duplicate"), "{again:?}");
+}
