@@ -423,68 +423,22 @@ async fn readiness_follows_the_guard_and_the_store() {
 }
 
 #[tokio::test]
-async fn sigterm_finishes_the_deliveries_in_flight_and_refuses_new_ones_with_503() {
+async fn sigterm_drains_taking_deliveries_until_the_last_stretch_of_the_grace() {
     let redis = RedisServer::start();
     let issuer = Issuer::start().await;
-    let mut hook = Webhook::start(&redis, &issuer.settings()).await;
+    let mut settings = issuer.settings();
+    settings.push(("SHUTDOWN_GRACE_SECONDS".into(), "4".into()));
+    let mut hook = Webhook::start(&redis, &settings).await;
     let port: u16 = hook.base.rsplit(':').next().unwrap().parse().unwrap();
-    let token = issuer.token();
-    let events = json!([eg_event(order("drain"))]);
-    let body = serde_json::to_vec(&events).unwrap();
-
-    // A delivery in flight: its headers sent, its body held back.
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut held = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let head = format!(
-        "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\naeg-event-type: Notification\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    held.write_all(head.as_bytes()).await.unwrap();
-    held.write_all(&body[..10]).await.unwrap();
-    // The webhook counts it once it reads the body.
-    let started = std::time::Instant::now();
-    loop {
-        let alive =
-            webhook_request("GET", &format!("{}/healthz", hook.base), &[], Vec::new()).await;
-        if alive.body["inFlight"] == json!(1) {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never in flight: {}",
-            alive.body
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    signal(hook.child.id().unwrap(), "TERM");
-    // Once the drain has begun, a new delivery is refused with 503.
-    let started = std::time::Instant::now();
-    loop {
-        let alive =
-            webhook_request("GET", &format!("{}/healthz", hook.base), &[], Vec::new()).await;
-        if alive.body["draining"] == json!(true) {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "no drain: {}",
-            alive.body
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let ready = webhook_request("GET", &format!("{}/readyz", hook.base), &[], Vec::new()).await;
-    assert_eq!(ready.status, 503, "not ready while draining");
-    let refused = deliver(&hook.base, Some(&token), &json!([eg_event(order("late"))])).await;
-    assert_eq!(refused.status, 503, "{}", refused.body);
-    // The delivery in flight is finished and answered.
-    held.write_all(&body[10..]).await.unwrap();
-    let mut answer = Vec::new();
-    held.read_to_end(&mut answer).await.unwrap();
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    assert!(answer.contains("\"executed\""), "{answer}");
+    let pid = hook.child.id().unwrap();
+    drain_as_event_grid_meets_it(
+        &hook.base,
+        port,
+        &issuer.token(),
+        || json!([eg_event(order("drain"))]),
+        || signal(pid, "TERM"),
+    )
+    .await;
     let status = tokio::time::timeout(Duration::from_secs(30), hook.child.wait())
         .await
         .expect("the webhook exits once drained")
@@ -495,6 +449,23 @@ async fn sigterm_finishes_the_deliveries_in_flight_and_refuses_new_ones_with_503
         "{}",
         hook.log()
     );
+}
+
+#[tokio::test]
+async fn a_quiet_drain_ends_before_the_grace() {
+    let redis = RedisServer::start();
+    let issuer = Issuer::start().await;
+    let mut settings = issuer.settings();
+    settings.push(("SHUTDOWN_GRACE_SECONDS".into(), "300".into()));
+    let mut hook = Webhook::start(&redis, &settings).await;
+    signal(hook.child.id().unwrap(), "TERM");
+    // Nothing in flight and nothing coming: over after the quiet stretch
+    // (5 s), not the grace (5 min).
+    let status = tokio::time::timeout(Duration::from_secs(60), hook.child.wait())
+        .await
+        .expect("a quiet drain ends before its grace")
+        .unwrap();
+    assert!(status.success(), "{status}: {}", hook.log());
 }
 
 #[test]

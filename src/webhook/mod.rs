@@ -14,11 +14,12 @@
 //! - `GET /healthz` (alive) and `GET /readyz` (the guard and the store
 //!   answer, and no drain under way).
 //!
-//! On the shutdown signal the door drains: each delivery in flight is
-//! finished and answered, every new one is answered 503 (Event Grid
-//! delivers it again, to another replica or after the restart), `readyz`
-//! says 503, and the listener closes once nothing is in flight or the grace
-//! has passed.
+//! On the shutdown signal the door drains ([`drain_step`]): `readyz` says
+//! 503 at once, deliveries are still taken for most of the grace (until
+//! the ingress stops routing here: a run of 503s would have Event Grid
+//! delay every delivery to the endpoint), its last stretch answers new
+//! ones 503, and the listener closes once nothing is in flight after
+//! deliveries stop coming, or the grace has passed.
 
 pub mod auth;
 pub mod delivery;
@@ -27,9 +28,9 @@ mod keys;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::Stream;
 use serde_json::json;
@@ -70,7 +71,11 @@ pub struct Door {
     processor: Arc<Processor>,
     verifier: Option<Verifier>,
     limits: Limits,
-    draining: AtomicBool,
+    /// When the drain began, and its grace.
+    drain: std::sync::OnceLock<(Instant, Duration)>,
+    /// When the last delivery began, in ns since `origin`.
+    last_delivery: AtomicU64,
+    origin: Instant,
     in_flight: AtomicUsize,
     idle: tokio::sync::Notify,
 }
@@ -145,7 +150,9 @@ impl Door {
             processor,
             verifier,
             limits,
-            draining: AtomicBool::new(false),
+            drain: std::sync::OnceLock::new(),
+            last_delivery: AtomicU64::new(0),
+            origin: Instant::now(),
             in_flight: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),
         }
@@ -172,7 +179,9 @@ impl Door {
         // waits for this delivery, or this delivery sees the drain.
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let _counted = InFlight(self);
-        if self.draining.load(Ordering::SeqCst) {
+        self.last_delivery
+            .store(self.origin.elapsed().as_nanos() as u64, Ordering::SeqCst);
+        if !matches!(self.drain_step(), None | Some(DrainStep::Take(_))) {
             return refused(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting down",
@@ -213,7 +222,7 @@ impl Door {
 
     /// `GET /readyz`: the guard and the store answer, and no drain.
     async fn ready(&self) -> Result<(), String> {
-        if self.draining.load(Ordering::SeqCst) {
+        if self.draining() {
             return Err("shutting down".into());
         }
         let probe = "readiness-probe";
@@ -232,29 +241,108 @@ impl Door {
         }
     }
 
-    /// The drain: new deliveries answered 503 from now on; returns once
-    /// none is in flight, or `grace` has passed.
+    /// Whether a drain has begun (readiness fails from then on).
+    fn draining(&self) -> bool {
+        self.drain.get().is_some()
+    }
+
+    /// Where the drain is now, if one has begun.
+    fn drain_step(&self) -> Option<DrainStep> {
+        let &(began, grace) = self.drain.get()?;
+        let now = self.origin.elapsed();
+        let last = Duration::from_nanos(self.last_delivery.load(Ordering::SeqCst));
+        let since_signal = began.elapsed();
+        // Since the later of the signal and the last delivery's start.
+        let since_last = since_signal.min(now.saturating_sub(last));
+        Some(drain_step(
+            since_signal,
+            since_last,
+            self.in_flight(),
+            grace,
+        ))
+    }
+
+    /// The drain ([`drain_step`]): readiness fails at once; deliveries are
+    /// still taken for most of `grace` (until the ingress stops routing
+    /// here); the last stretch answers new ones 503. Returns once none is
+    /// in flight after deliveries stop coming, or once `grace` has passed.
     pub async fn drain(&self, grace: Duration) {
-        self.draining.store(true, Ordering::SeqCst);
-        let deadline = tokio::time::Instant::now() + grace;
+        let _ = self.drain.set((Instant::now(), grace));
         loop {
             let idle = self.idle.notified();
             tokio::pin!(idle);
             idle.as_mut().enable();
-            let n = self.in_flight();
-            if n == 0 {
-                log::info!("all deliveries drained");
-                return;
-            }
+            let wait = match self.drain_step() {
+                None | Some(DrainStep::Done) => break,
+                Some(DrainStep::Take(d) | DrainStep::Refuse(d)) => d,
+            };
             tokio::select! {
                 () = idle => {}
-                () = tokio::time::sleep_until(deadline) => {
-                    log::warn!("shutdown grace of {} s passed with {n} deliveries in flight", grace.as_secs());
-                    return;
-                }
+                () = tokio::time::sleep(wait) => {}
             }
         }
+        match self.in_flight() {
+            0 => log::info!("all deliveries drained"),
+            n => log::warn!(
+                "shutdown grace of {} s passed with {n} deliveries in flight",
+                grace.as_secs()
+            ),
+        }
     }
+}
+
+/// Where a drain is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DrainStep {
+    /// New deliveries are still taken; look again in this long at most.
+    Take(Duration),
+    /// New deliveries are answered 503; the drain ends once none is in
+    /// flight, or in this long.
+    Refuse(Duration),
+    /// The drain is over.
+    Done,
+}
+
+/// The last stretch of the grace, when new deliveries are refused: a
+/// fifth of it, at most 5 s.
+fn refusing_tail(grace: Duration) -> Duration {
+    (grace / 5).min(Duration::from_secs(5))
+}
+
+/// The drain's step (pure): `since_signal` since it began, `since_last`
+/// since the later of that and the last delivery's start, `in_flight`
+/// deliveries being processed. Deliveries are taken until the refusing
+/// tail ([`refusing_tail`]): Event Grid delays every delivery to an
+/// endpoint that fails several times, so a drain that refused for the
+/// whole grace would be a run of failures on every scale-in and revision.
+/// Taking ends early once the door is quiet (none in flight, none begun
+/// for a tail's length: the ingress has stopped routing here); the tail
+/// ends once none is in flight; the grace ends it all.
+fn drain_step(
+    since_signal: Duration,
+    since_last: Duration,
+    in_flight: usize,
+    grace: Duration,
+) -> DrainStep {
+    let tail = refusing_tail(grace);
+    let taking_until = grace.saturating_sub(tail);
+    if since_signal >= grace {
+        return DrainStep::Done;
+    }
+    if since_signal < taking_until {
+        if in_flight == 0 && since_last >= tail {
+            return DrainStep::Done;
+        }
+        let phase_end = taking_until - since_signal;
+        return DrainStep::Take(match tail.checked_sub(since_last) {
+            Some(quiet_in) if !quiet_in.is_zero() => quiet_in.min(phase_end),
+            _ => phase_end,
+        });
+    }
+    if in_flight == 0 {
+        return DrainStep::Done;
+    }
+    DrainStep::Refuse(grace - since_signal)
 }
 
 /// The webhook's routes.
@@ -309,7 +397,7 @@ pub fn routes(
                 json!({
                     "status": "alive",
                     "inFlight": door.in_flight(),
-                    "draining": door.draining.load(Ordering::SeqCst),
+                    "draining": door.draining(),
                 }),
             )
         });
@@ -371,8 +459,9 @@ pub fn bind(
     let drain = async move {
         shutdown.await;
         log::info!(
-            "shutting down: {} deliveries in flight are finished, new ones answered 503",
-            drained.in_flight()
+            "shutting down: not ready from now on; {} deliveries in flight, new ones taken for {} s more, then answered 503",
+            drained.in_flight(),
+            grace.saturating_sub(refusing_tail(grace)).as_secs()
         );
         drained.drain(grace).await;
         close.cancel();
@@ -399,6 +488,26 @@ pub fn bind(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drain_takes_deliveries_until_its_last_stretch_and_ends_when_quiet() {
+        let s = Duration::from_secs;
+        let grace = s(25);
+        assert_eq!(refusing_tail(grace), s(5));
+        assert_eq!(refusing_tail(s(5)), s(1));
+        // Just signalled, a delivery in flight: taking, for 5 s of quiet.
+        assert_eq!(drain_step(s(0), s(0), 1, grace), DrainStep::Take(s(5)));
+        // Deliveries keep coming: taken until the tail.
+        assert_eq!(drain_step(s(18), s(1), 3, grace), DrainStep::Take(s(2)));
+        assert_eq!(drain_step(s(12), s(9), 1, grace), DrainStep::Take(s(8)));
+        // Quiet: none in flight, none begun for a tail's length.
+        assert_eq!(drain_step(s(5), s(5), 0, grace), DrainStep::Done);
+        assert_eq!(drain_step(s(3), s(1), 0, grace), DrainStep::Take(s(4)));
+        // The tail: new ones refused, over once none is in flight.
+        assert_eq!(drain_step(s(21), s(0), 2, grace), DrainStep::Refuse(s(4)));
+        assert_eq!(drain_step(s(21), s(0), 0, grace), DrainStep::Done);
+        assert_eq!(drain_step(s(25), s(0), 2, grace), DrainStep::Done);
+    }
 
     #[test]
     fn a_request_no_route_took_is_404_by_path_and_405_by_method() {

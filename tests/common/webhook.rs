@@ -358,3 +358,85 @@ pub fn validation_event(code: &str) -> Value {
         "dataVersion": "2"
     }])
 }
+
+/// The drain on SIGTERM as Event Grid meets it, on a webhook at `base`
+/// (its `port`) started with `SHUTDOWN_GRACE_SECONDS` of a few seconds;
+/// `terminate` sends the signal, `fresh` makes a delivery of a new order.
+/// A delivery in flight (its body held back) keeps it from ending early.
+/// Readiness fails at once; new deliveries are still taken (200,
+/// executed) until the last stretch of the grace, then answered 503; the
+/// delivery in flight is finished and answered. The caller then sees the
+/// process end.
+pub async fn drain_as_event_grid_meets_it(
+    base: &str,
+    port: u16,
+    token: &str,
+    fresh: impl Fn() -> Value,
+    terminate: impl FnOnce(),
+) {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = serde_json::to_vec(&fresh()).unwrap();
+    let mut held = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\naeg-event-type: Notification\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    held.write_all(head.as_bytes()).await.unwrap();
+    held.write_all(&body[..10]).await.unwrap();
+    let alive = |key: &'static str, want: Value| async move {
+        let started = Instant::now();
+        loop {
+            let alive = webhook_request("GET", &format!("{base}/healthz"), &[], Vec::new()).await;
+            if alive.body[key] == want {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no {key} = {want}: {}",
+                alive.body
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    // The webhook counts the delivery once it reads the body.
+    alive("inFlight", json!(1)).await;
+    terminate();
+    alive("draining", json!(true)).await;
+    let ready = webhook_request("GET", &format!("{base}/readyz"), &[], Vec::new()).await;
+    assert_eq!(ready.status, 503, "not ready from the signal on");
+    // Deliveries the ingress still routes here are taken...
+    let taken = deliver(base, Some(token), &fresh()).await;
+    assert_eq!(
+        (taken.status, outcomes(&taken)),
+        (200, vec!["executed".to_string()]),
+        "{}",
+        taken.body
+    );
+    // ...until the last stretch of the grace, which answers 503.
+    let started = Instant::now();
+    loop {
+        let answer = deliver(base, Some(token), &fresh()).await;
+        if answer.status == 503 {
+            assert_eq!(answer.body, json!({ "error": "shutting down" }));
+            break;
+        }
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "deliveries never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The delivery in flight is finished and answered.
+    held.write_all(&body[10..]).await.unwrap();
+    let mut answer = Vec::new();
+    held.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("\"executed\""),
+        "{answer}"
+    );
+}
