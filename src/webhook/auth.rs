@@ -173,6 +173,65 @@ fn caller_refusal(appid: Option<&str>, roles: &[String]) -> Option<String> {
     }
 }
 
+/// The bearer token of an `Authorization` header and the key id its
+/// header names (pure: no signature checked yet), or why it is no token
+/// Entra ID issues: not a bearer token, not a JWT, not RS256, no `kid`.
+pub fn bearer_key_id(authorization: Option<&str>) -> Result<(&str, String), Refusal> {
+    let Some(value) = authorization else {
+        return Err(Refusal::Unauthenticated(
+            "no Authorization header: Event Grid sends a bearer token when the subscription uses Microsoft Entra ID".into(),
+        ));
+    };
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            Refusal::Unauthenticated("the Authorization header is not a bearer token".into())
+        })?;
+    let header = jsonwebtoken::decode_header(token)
+        .map_err(|e| Refusal::Unauthenticated(format!("the bearer token is not a JWT: {e}")))?;
+    if header.alg != Algorithm::RS256 {
+        return Err(Refusal::Unauthenticated(format!(
+            "the token is signed with {:?}; Entra ID signs with RS256",
+            header.alg
+        )));
+    }
+    let kid = header
+        .kid
+        .ok_or_else(|| Refusal::Unauthenticated("the token names no signing key (kid)".into()))?;
+    Ok((token, kid))
+}
+
+/// Why a signed token's claims are refused (pure), beyond what
+/// [`Validation`] checks: an issuer not among `issuers` (401), a caller
+/// that is not Event Grid or lacks the role (403).
+fn claims_refusal(claims: &Claims, issuers: &[String]) -> Result<(), Refusal> {
+    if !issuers.contains(&claims.iss) {
+        return Err(Refusal::Unauthenticated(format!(
+            "the token's issuer {:?} is not the tenant's ({})",
+            claims.iss,
+            issuers.join(", ")
+        )));
+    }
+    let caller = claims.appid.as_deref().or(claims.azp.as_deref());
+    match caller_refusal(caller, &claims.roles) {
+        Some(why) => Err(Refusal::Forbidden(why)),
+        None => Ok(()),
+    }
+}
+
+/// A token's claims as JSON (its payload, decoded) checked as a signed
+/// token's are once [`Validation`] has passed (the fuzz target's way in:
+/// no key needed): the claims read (`iss`, `appid`/`azp`, `roles`), then
+/// [`claims_refusal`]. Claims that cannot be read are 401.
+pub fn check_claims(payload: &[u8], issuers: &[String]) -> Result<(), Refusal> {
+    let claims: Claims = serde_json::from_slice(payload)
+        .map_err(|e| Refusal::Unauthenticated(format!("the token's claims cannot be read: {e}")))?;
+    claims_refusal(&claims, issuers)
+}
+
 /// Checks delivery tokens against the tenant's signing keys.
 pub struct Verifier {
     settings: EntraSettings,
@@ -210,30 +269,7 @@ impl Verifier {
     /// The delivery's `Authorization` header checked: `Ok` when Event Grid
     /// sent it for this app.
     pub async fn check(&self, authorization: Option<&str>) -> Result<(), Refusal> {
-        let Some(value) = authorization else {
-            return Err(Refusal::Unauthenticated(
-                "no Authorization header: Event Grid sends a bearer token when the subscription uses Microsoft Entra ID".into(),
-            ));
-        };
-        let token = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                Refusal::Unauthenticated("the Authorization header is not a bearer token".into())
-            })?;
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|e| Refusal::Unauthenticated(format!("the bearer token is not a JWT: {e}")))?;
-        if header.alg != Algorithm::RS256 {
-            return Err(Refusal::Unauthenticated(format!(
-                "the token is signed with {:?}; Entra ID signs with RS256",
-                header.alg
-            )));
-        }
-        let kid = header.kid.ok_or_else(|| {
-            Refusal::Unauthenticated("the token names no signing key (kid)".into())
-        })?;
+        let (token, kid) = bearer_key_id(authorization)?;
         let (key, issuers) = self.key(&kid).await?;
         let data = jsonwebtoken::decode::<Claims>(token, &key, &self.validation).map_err(|e| {
             Refusal::Unauthenticated(format!(
@@ -242,19 +278,7 @@ impl Verifier {
                 self.settings.tenant_id
             ))
         })?;
-        let claims = data.claims;
-        if !issuers.contains(&claims.iss) {
-            return Err(Refusal::Unauthenticated(format!(
-                "the token's issuer {:?} is not the tenant's ({})",
-                claims.iss,
-                issuers.join(", ")
-            )));
-        }
-        let caller = claims.appid.as_deref().or(claims.azp.as_deref());
-        match caller_refusal(caller, &claims.roles) {
-            Some(why) => Err(Refusal::Forbidden(why)),
-            None => Ok(()),
-        }
+        claims_refusal(&data.claims, &issuers)
     }
 
     /// The key `kid` names, and the tenant's issuers: from the keys held,
