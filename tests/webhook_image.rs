@@ -222,7 +222,7 @@ async fn the_image_serves_event_grids_webhook_on_real_redis_and_sql_server() {
     );
 
     // SIGTERM with a delivery in flight: the drain as Event Grid meets it
-    // (the same as the binary's, tests/webhook.rs), then a clean exit.
+    // (the same as the binary's, tests/webhook/lifecycle.rs), then a clean exit.
     let name = container.name.clone();
     drain_as_event_grid_meets_it(&base, port, &token, fresh, move || {
         let kill = podman(&["kill", "--signal", "TERM", &name]);
