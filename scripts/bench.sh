@@ -108,20 +108,53 @@ wait_port "$REDIS_HANDLER_PORT" "order-guard (cache off)"
 # Event Grid's own door: `order-guard webhook` on the same Redis (its own
 # key prefix and SQLite file), measured beside the Functions door in the
 # same rounds: duplicates and first deliveries, and deliveries of 100
-# events. Unauthenticated (WEBHOOK_AUTH=off, a developer's machine): the
-# token check is not what is measured. BENCH_WEBHOOK=0 skips it.
+# events, each with Microsoft Entra ID on: a local issuer (an RSA key made
+# by openssl, the tenant's JWKS and OpenID configuration documents served
+# by python3's http.server on loopback) stands in for Entra ID, and every
+# delivery carries a token it signed, checked as Event Grid's would be.
+# One more round of the webhook's phases runs with the issuer stopped
+# (SIGSTOP): a key endpoint outage during load. BENCH_WEBHOOK=0 skips it.
 WEBHOOK_ARGS=()
 if [ "${BENCH_WEBHOOK:-1}" != 0 ]; then
+  TENANT=11111111-2222-3333-4444-555555555555
+  AUDIENCE=api://order-guard-bench
+  ISSUER_DIR="$SCRATCH/issuer"
+  mkdir -p "$ISSUER_DIR/$TENANT/discovery/v2.0" "$ISSUER_DIR/$TENANT/.well-known" "$ISSUER_DIR/$TENANT/v2.0/.well-known"
+  openssl genrsa -out "$SCRATCH/issuer.pem" 2048 2>/dev/null
+  MODULUS="$(openssl rsa -in "$SCRATCH/issuer.pem" -noout -modulus | sed 's/^Modulus=//')"
+  WEBHOOK_TOKEN="$(python3 - "$ISSUER_DIR" "$TENANT" "$AUDIENCE" "$MODULUS" "$SCRATCH/issuer.pem" <<'PY'
+import base64, json, subprocess, sys, time
+root, tenant, audience, modulus, pem = sys.argv[1:]
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+jwk = {"kty": "RSA", "use": "sig", "alg": "RS256", "kid": "bench-key", "n": b64(bytes.fromhex(modulus)), "e": "AQAB"}
+json.dump({"keys": [jwk]}, open(f"{root}/{tenant}/discovery/v2.0/keys", "w"))
+json.dump({"issuer": f"https://sts.windows.net/{tenant}/"}, open(f"{root}/{tenant}/.well-known/openid-configuration", "w"))
+json.dump({"issuer": f"https://login.microsoftonline.com/{tenant}/v2.0"}, open(f"{root}/{tenant}/v2.0/.well-known/openid-configuration", "w"))
+now = int(time.time())
+claims = {"aud": audience, "iss": f"https://sts.windows.net/{tenant}/", "iat": now, "nbf": now, "exp": now + 4 * 3600,
+          "appid": "4962773b-9cdb-44cf-a8bf-237846a00ab7", "roles": ["AzureEventGridSecureWebhookSubscriber"], "tid": tenant}
+signed = b64(json.dumps({"alg": "RS256", "typ": "JWT", "kid": "bench-key"}).encode()) + "." + b64(json.dumps(claims).encode())
+signature = subprocess.run(["openssl", "dgst", "-sha256", "-sign", pem], input=signed.encode(), capture_output=True, check=True).stdout
+print(signed + "." + b64(signature))
+PY
+)"
+  ISSUER_PORT="$(free_port)"
+  python3 -m http.server --bind 127.0.0.1 --directory "$ISSUER_DIR" "$ISSUER_PORT" >"$SCRATCH/issuer.log" 2>&1 &
+  ISSUER_PID="$!"
+  PIDS+=("$ISSUER_PID")
+  wait_port "$ISSUER_PORT" "local token issuer"
   WEBHOOK_PORT="$(free_port)"
-  echo "==> order-guard webhook on 0.0.0.0:$WEBHOOK_PORT (WEBHOOK_AUTH=off, sqlite:$SCRATCH/orders-webhook.db)"
-  WEBHOOK_PORT="$WEBHOOK_PORT" WEBHOOK_AUTH=off \
+  echo "==> order-guard webhook on 0.0.0.0:$WEBHOOK_PORT (Entra ID on, local issuer on 127.0.0.1:$ISSUER_PORT, sqlite:$SCRATCH/orders-webhook.db)"
+  WEBHOOK_PORT="$WEBHOOK_PORT" WEBHOOK_TENANT_ID="$TENANT" WEBHOOK_AUDIENCE="$AUDIENCE" \
+    WEBHOOK_AUTHORITY="http://127.0.0.1:$ISSUER_PORT" \
     REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
     GUARD_KEY_PREFIX="ordwh:" \
     SQL_CONNECTION_STRING="sqlite:$SCRATCH/orders-webhook.db?mode=rwc" \
     RUST_LOG=warn \
     "$BIN" webhook >"$SCRATCH/handler-webhook.log" 2>&1 &
   PIDS+=("$!")
-  WEBHOOK_ARGS=(--webhook-handler "127.0.0.1:$WEBHOOK_PORT" --webhook-handler-pid "$!")
+  WEBHOOK_ARGS=(--webhook-handler "127.0.0.1:$WEBHOOK_PORT" --webhook-handler-pid "$!"
+    --webhook-token "$WEBHOOK_TOKEN" --webhook-issuer-pid "$ISSUER_PID")
   wait_port "$WEBHOOK_PORT" "order-guard webhook"
 fi
 

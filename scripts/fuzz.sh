@@ -37,7 +37,7 @@ fi
 if [[ "$target" == build ]]; then
   exec cargo fuzz build "${build[@]}"
 fi
-targets=(invocation connection_strings numbers dead_letters)
+targets=(invocation connection_strings numbers dead_letters webhook_delivery webhook_token)
 if [[ "$target" != all ]]; then
   targets=("$target")
 fi

@@ -25,11 +25,13 @@
 
 /// Every variable [`detect`] and [`runs`] may read: set by the platform or
 /// the tools, never by the user.
-pub const VARIABLES: [&str; 13] = [
+pub const VARIABLES: [&str; 15] = [
     "FUNCTIONS_WORKER_RUNTIME",
     "ORDER_GUARD_IMAGE",
     "FUNCTIONS_CORETOOLS_ENVIRONMENT",
     "CONTAINER_APP_NAME",
+    "CONTAINER_APP_REVISION",
+    "CONTAINER_APP_REPLICA_NAME",
     "AzureWebJobsScriptRoot",
     "MANAGED_ENVIRONMENT",
     "WEBSITE_INSTANCE_ID",
@@ -105,10 +107,15 @@ pub enum Runs {
     UnderSelfHostedFunctions { evidence: String },
     /// Under Core Tools (`func start`), which marks itself.
     UnderCoreTools,
-    /// With no Functions host, in a container that may run as several
-    /// replicas: this project's image (`ORDER_GUARD_IMAGE`, which its
-    /// Containerfile sets) or an Azure Container App (`CONTAINER_APP_NAME`,
-    /// which the platform sets). `evidence` names the variable.
+    /// With no Functions host, where several replicas may run: this
+    /// project's image (`ORDER_GUARD_IMAGE`, which its Containerfile sets,
+    /// never empty; present even empty), an Azure Container App
+    /// (`CONTAINER_APP_NAME`, `CONTAINER_APP_REVISION`,
+    /// `CONTAINER_APP_REPLICA_NAME`, which the platform sets) or a
+    /// Kubernetes pod (`KUBERNETES_SERVICE_HOST`, which the kubelet sets in
+    /// every pod). `evidence` names the variable. Not every container: a
+    /// dev container or a CI runner (`/.dockerenv`, `CONTAINER_NAME`) is one
+    /// process on one disk, as is a single `docker run` of another image.
     InContainer { evidence: String },
     /// With no Functions host: the CLI, a test, a developer's `serve`.
     WithoutFunctionsHost,
@@ -140,18 +147,33 @@ impl std::fmt::Display for Runs {
     }
 }
 
-/// Where `get` says the handler runs (see [`Runs`]). Core Tools sets
-/// `FUNCTIONS_CORETOOLS_ENVIRONMENT=true` for the host it starts (and so
-/// for the handler); every Functions host has `FUNCTIONS_WORKER_RUNTIME`
-/// (the host passes its environment on to the handler).
+/// Which door the handler serves: Core Tools' mark counts only behind a
+/// Functions host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Door {
+    /// `serve` (and the operator's commands): behind a Functions host.
+    Host,
+    /// `webhook`: Event Grid's own protocol, which Core Tools never starts.
+    Webhook,
+}
+
+/// Where `get` says the handler runs (see [`Runs`]), for `door`. Core
+/// Tools sets `FUNCTIONS_CORETOOLS_ENVIRONMENT=true` for the host it starts
+/// (and so for the handler); every Functions host has
+/// `FUNCTIONS_WORKER_RUNTIME` (the host passes its environment on to the
+/// handler).
 ///
-/// Core Tools' mark is read first and wins over every plan's rule: the
-/// plans' variables (`CONTAINER_NAME`, the Kubernetes ones) are also set by
-/// dev containers and CI runners where `func start` runs, while no Azure
-/// plan sets the mark (Core Tools sets it for the process it starts).
-pub fn runs(get: impl Fn(&str) -> Option<String>) -> Runs {
+/// Behind a host, Core Tools' mark is read first and wins over every
+/// plan's rule: the plans' variables (`CONTAINER_NAME`, the Kubernetes
+/// ones) are also set by dev containers and CI runners where `func start`
+/// runs, while no Azure plan sets the mark (Core Tools sets it for the
+/// process it starts). For the webhook, which Core Tools never starts, the
+/// mark says nothing and is not read.
+pub fn runs(get: impl Fn(&str) -> Option<String>, door: Door) -> Runs {
     let val = |k: &str| get(k).filter(|v| !v.is_empty());
-    if val("FUNCTIONS_CORETOOLS_ENVIRONMENT").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+    if door == Door::Host
+        && val("FUNCTIONS_CORETOOLS_ENVIRONMENT").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    {
         return Runs::UnderCoreTools;
     }
     if let Some(plan) = detect(&get) {
@@ -161,17 +183,10 @@ pub fn runs(get: impl Fn(&str) -> Option<String>) -> Runs {
     // `AzureWebJobsScriptRoot` is set even where `serve` runs by hand).
     let runtime = val("FUNCTIONS_WORKER_RUNTIME");
     if runtime.is_none() && val("AzureWebJobsScriptRoot").is_none() {
-        for (var, what) in [
-            ("ORDER_GUARD_IMAGE", "this project's image"),
-            ("CONTAINER_APP_NAME", "an Azure Container App"),
-        ] {
-            if let Some(v) = val(var) {
-                return Runs::InContainer {
-                    evidence: format!("{var}={v}: {what}"),
-                };
-            }
-        }
-        return Runs::WithoutFunctionsHost;
+        return match replicas(&get) {
+            Some(evidence) => Runs::InContainer { evidence },
+            None => Runs::WithoutFunctionsHost,
+        };
     }
     let mut evidence = match &runtime {
         Some(r) => {
@@ -189,6 +204,28 @@ pub fn runs(get: impl Fn(&str) -> Option<String>) -> Runs {
         }
     }
     Runs::UnderSelfHostedFunctions { evidence }
+}
+
+/// Where several replicas of the handler may run with no Functions host
+/// (pure): the variable that shows it, or `None`. This project's image
+/// counts however it was built (its mark present, even empty); the
+/// platforms count by the variables they set in every replica.
+fn replicas(get: &impl Fn(&str) -> Option<String>) -> Option<String> {
+    if let Some(v) = get("ORDER_GUARD_IMAGE") {
+        return Some(format!("ORDER_GUARD_IMAGE={v:?}: this project's image"));
+    }
+    let val = |k: &str| get(k).filter(|v| !v.is_empty());
+    for (var, what) in [
+        ("CONTAINER_APP_NAME", "an Azure Container App"),
+        ("CONTAINER_APP_REVISION", "an Azure Container App"),
+        ("CONTAINER_APP_REPLICA_NAME", "an Azure Container App"),
+        ("KUBERNETES_SERVICE_HOST", "a Kubernetes pod"),
+    ] {
+        if let Some(v) = val(var) {
+            return Some(format!("{var}={v}: {what}"));
+        }
+    }
+    None
 }
 
 /// Which Azure hosting plan `get` describes, or `None` (a developer's
@@ -410,13 +447,13 @@ mod tests {
     #[test]
     fn the_embedded_state_is_safe_only_under_core_tools_or_no_host() {
         // A developer's machine, CI, the CLI: no Functions host.
-        assert_eq!(runs(|_| None), Runs::WithoutFunctionsHost);
+        assert_eq!(runs(|_| None, Door::Host), Runs::WithoutFunctionsHost);
         let safe = |vars: &[(&str, &str)]| {
             let env: HashMap<String, String> = vars
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
-            let r = runs(|k| env.get(k).cloned());
+            let r = runs(|k| env.get(k).cloned(), Door::Host);
             (r.embedded_state_is_safe(), r)
         };
         // Core Tools marks the host it starts (`func start`).
@@ -441,22 +478,32 @@ mod tests {
             assert_eq!(r, Runs::UnderCoreTools, "{plan_marks:?}");
             assert!(ok, "{r}");
         }
-        // Outside a Functions host the container variables mean nothing
-        // (a CI runner's pod sets them)...
-        let (ok, r) = safe(&[
-            ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
-            ("CONTAINER_NAME", "ci"),
-        ]);
+        // Outside a Functions host a container is not several replicas by
+        // itself (a dev container, a CI runner: `CONTAINER_NAME`)...
+        let (ok, r) = safe(&[("CONTAINER_NAME", "uid-runner-1"), ("HOSTNAME", "3f2a")]);
         assert!(ok, "{r}");
-        // ...but this project's image, or a Container App, is a container
-        // that may run as several replicas.
-        for (var, says) in [
-            ("ORDER_GUARD_IMAGE", "this project's image"),
-            ("CONTAINER_APP_NAME", "an Azure Container App"),
+        // ...but this project's image (however built: its mark even
+        // empty), a Container App or a Kubernetes pod may be.
+        for (var, value, says) in [
+            ("ORDER_GUARD_IMAGE", "0.2.0", "this project's image"),
+            ("ORDER_GUARD_IMAGE", "", "this project's image"),
+            ("CONTAINER_APP_NAME", "orders", "an Azure Container App"),
+            (
+                "CONTAINER_APP_REVISION",
+                "orders--r1",
+                "an Azure Container App",
+            ),
+            (
+                "CONTAINER_APP_REPLICA_NAME",
+                "orders--r1-5f",
+                "an Azure Container App",
+            ),
+            ("KUBERNETES_SERVICE_HOST", "10.0.0.1", "a Kubernetes pod"),
         ] {
-            let (ok, r) = safe(&[(var, "x"), ("KUBERNETES_SERVICE_HOST", "10.0.0.1")]);
-            assert!(!ok, "{r}");
+            let (ok, r) = safe(&[(var, value), ("CONTAINER_NAME", "c")]);
+            assert!(!ok, "{var}={value:?}: {r}");
             assert!(r.to_string().contains(says), "{r}");
+            assert!(r.to_string().contains(var), "{r}");
             assert!(matches!(r, Runs::InContainer { .. }), "{r}");
         }
         // (the place, its environment, what the refusal must say of it)
@@ -517,5 +564,30 @@ mod tests {
             assert!(!ok, "{place}: {r}");
             assert!(r.to_string().contains(says), "{place}: {r}");
         }
+    }
+
+    /// Core Tools never starts the webhook: its mark does not make a pod,
+    /// an image or a Functions plan safe for it.
+    #[test]
+    fn core_tools_mark_counts_only_behind_a_functions_host() {
+        let core_tools = ("FUNCTIONS_CORETOOLS_ENVIRONMENT", "true");
+        let on = |vars: &[(&str, &str)], door| {
+            let env: HashMap<&str, &str> = vars.iter().copied().collect();
+            runs(|k| env.get(k).map(|v| v.to_string()), door)
+        };
+        for place in [
+            &[("KUBERNETES_SERVICE_HOST", "10.0.0.1")][..],
+            &[("ORDER_GUARD_IMAGE", "0.2.0")],
+            &[("WEBSITE_INSTANCE_ID", "abc")],
+            &[F],
+        ] {
+            let mut vars = vec![core_tools];
+            vars.extend_from_slice(place);
+            assert_eq!(on(&vars, Door::Host), Runs::UnderCoreTools, "{place:?}");
+            let r = on(&vars, Door::Webhook);
+            assert!(!r.embedded_state_is_safe(), "{place:?}: {r}");
+        }
+        // Alone, the mark is a developer's machine for either door.
+        assert!(on(&[core_tools], Door::Webhook).embedded_state_is_safe());
     }
 }

@@ -204,8 +204,17 @@ impl Processor {
                 )
             }
             Ok(Delivery::Batch(events)) => {
-                let all = events.iter().map(|e| self.process_event(e));
-                (true, futures::future::join_all(all).await)
+                // At the store's parallelism, in order: a batch of
+                // thousands is one delivery, answered once.
+                // (The futures made first: a stream over a borrowing
+                // closure is not `Send` for every lifetime, as warp needs.)
+                use futures::StreamExt;
+                let all: Vec<_> = events.iter().map(|e| self.process_event(e)).collect();
+                let outcomes = futures::stream::iter(all)
+                    .buffered(self.store.parallelism().max(1))
+                    .collect()
+                    .await;
+                (true, outcomes)
             }
             Err(e) => {
                 let due = self.due();

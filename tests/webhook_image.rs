@@ -3,8 +3,8 @@
 //! depend on the optimizer), run with podman on the host's network against
 //! a real Redis and the T-SQL engine as the app's least-privileged login,
 //! tokens from a local issuer: both handshakes, an order executed once from
-//! two deliveries, a poison delivery, tokens refused, and SIGTERM with a
-//! delivery in flight.
+//! two deliveries, a poison delivery, tokens refused, and the drain on
+//! SIGTERM with a delivery in flight.
 //!
 //! Needs the T-SQL engine (`ORDER_GUARD_TEST_MSSQL`, as every SQL Server
 //! test): without it the test says so and does not run.
@@ -92,6 +92,8 @@ async fn the_image_serves_event_grids_webhook_on_real_redis_and_sql_server() {
         format!("SQL_CONNECTION_STRING={app}"),
         "-e".into(),
         "RUST_LOG=info".into(),
+        "-e".into(),
+        "SHUTDOWN_GRACE_SECONDS=4".into(),
     ];
     for (k, v) in issuer.settings() {
         args.push("-e".into());
@@ -219,61 +221,18 @@ async fn the_image_serves_event_grids_webhook_on_real_redis_and_sql_server() {
         403
     );
 
-    // SIGTERM with a delivery in flight: it is answered, a new one gets
-    // 503, and the container exits cleanly.
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let held_events = fresh();
-    let body = serde_json::to_vec(&held_events).unwrap();
-    let mut held = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let head = format!(
-        "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    held.write_all(head.as_bytes()).await.unwrap();
-    held.write_all(&body[..10]).await.unwrap();
-    let started = std::time::Instant::now();
-    loop {
-        let alive = webhook_request("GET", &format!("{base}/healthz"), &[], Vec::new()).await;
-        if alive.body["inFlight"] == json!(1) {
-            break;
-        }
+    // SIGTERM with a delivery in flight: the drain as Event Grid meets it
+    // (the same as the binary's, tests/webhook/lifecycle.rs), then a clean exit.
+    let name = container.name.clone();
+    drain_as_event_grid_meets_it(&base, port, &token, fresh, move || {
+        let kill = podman(&["kill", "--signal", "TERM", &name]);
         assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never in flight: {}",
-            alive.body
+            kill.status.success(),
+            "{}",
+            String::from_utf8_lossy(&kill.stderr)
         );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let kill = podman(&["kill", "--signal", "TERM", &container.name]);
-    assert!(
-        kill.status.success(),
-        "{}",
-        String::from_utf8_lossy(&kill.stderr)
-    );
-    let started = std::time::Instant::now();
-    loop {
-        let alive = webhook_request("GET", &format!("{base}/healthz"), &[], Vec::new()).await;
-        if alive.body["draining"] == json!(true) {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "no drain: {}",
-            alive.body
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(deliver(&base, Some(&token), &fresh()).await.status, 503);
-    held.write_all(&body[10..]).await.unwrap();
-    let mut answer = Vec::new();
-    held.read_to_end(&mut answer).await.unwrap();
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(
-        answer.starts_with("HTTP/1.1 200") && answer.contains("\"executed\""),
-        "{answer}"
-    );
+    })
+    .await;
     let waited = podman(&["wait", &container.name]);
     assert_eq!(
         String::from_utf8_lossy(&waited.stdout).trim(),

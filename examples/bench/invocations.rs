@@ -53,12 +53,17 @@ pub(crate) fn delivery_request(
 ) -> anyhow::Result<Request<Body>> {
     match door {
         Door::Functions => invocation_request(addr, body),
-        Door::Webhook => Ok(Request::post("/events")
-            .header("host", addr.to_string())
-            .header("content-type", "application/json; charset=utf-8")
-            .header("aeg-event-type", "Notification")
-            .header("aeg-delivery-count", "0")
-            .body(Body::from(body))?),
+        Door::Webhook => {
+            let mut request = Request::post("/events")
+                .header("host", addr.to_string())
+                .header("content-type", "application/json; charset=utf-8")
+                .header("aeg-event-type", "Notification")
+                .header("aeg-delivery-count", "0");
+            if let Some(token) = WEBHOOK_TOKEN.get() {
+                request = request.header("authorization", format!("Bearer {token}"));
+            }
+            Ok(request.body(Body::from(body))?)
+        }
     }
 }
 

@@ -161,17 +161,41 @@ struct Opts {
     /// Its process id.
     #[arg(long)]
     telemetry_handler_pid: Option<u32>,
-    /// `order-guard webhook` on the same Redis and a SQLite file of its own
-    /// (`WEBHOOK_AUTH=off`): Event Grid's own door, measured beside the
-    /// Functions door in the same rounds.
+    /// `order-guard webhook` on the same Redis and a SQLite file of its own:
+    /// Event Grid's own door, measured beside the Functions door in the
+    /// same rounds.
     #[arg(long)]
     webhook_handler: Option<SocketAddr>,
     /// Its process id.
     #[arg(long)]
     webhook_handler_pid: Option<u32>,
+    /// The bearer token every delivery to the webhook carries (Microsoft
+    /// Entra ID on: a token of scripts/bench.sh's local issuer); none with
+    /// `WEBHOOK_AUTH=off`.
+    #[arg(long)]
+    webhook_token: Option<String>,
+    /// The local issuer's process id: its key endpoint is stopped
+    /// (SIGSTOP) for one more round of the webhook's phases, and resumed.
+    #[arg(long)]
+    webhook_issuer_pid: Option<u32>,
     /// Events per delivery of the webhook's batch phase.
     #[arg(long, default_value_t = 100)]
     webhook_batch: u64,
+}
+
+/// The bearer token of every delivery to the webhook (`--webhook-token`).
+pub(crate) static WEBHOOK_TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// `kill -s NAME pid`.
+fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args(["-s", name, &pid.to_string()])
+        .status()
+        .with_context(|| format!("kill -s {name} {pid}"))?;
+    if !status.success() {
+        bail!("kill -s {name} {pid}: {status}");
+    }
+    Ok(())
 }
 
 /// How many batch deliveries are in flight in the phase of concurrency
@@ -213,6 +237,10 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
     .map_err(|_| anyhow::anyhow!("the embedded font did not load"))?;
     std::fs::create_dir_all(&opts.out)?;
     std::fs::create_dir_all(&opts.scratch)?;
+    if let Some(token) = &opts.webhook_token {
+        let _ = WEBHOOK_TOKEN.set(token.clone());
+    }
+    let unique_keys_down = Arc::new(AtomicU64::new(0));
     let tag: u32 = rand::random();
     let warmup = Duration::from_secs_f64(opts.warmup);
     let measure = Duration::from_secs_f64(opts.seconds);
@@ -355,6 +383,28 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 )
                 .await?;
                 record("webhook_batch", &s)?;
+                // The tenant's key endpoint down (SIGSTOP: connections
+                // taken, never answered): deliveries signed by the keys
+                // held are served as before.
+                if let Some(issuer) = opts.webhook_issuer_pid {
+                    signal(issuer, "STOP")?;
+                    let measured = first_then_duplicates(
+                        Door::Webhook,
+                        addr,
+                        tag ^ 0x7d7d_7d7d,
+                        c,
+                        warmup,
+                        measure,
+                        &unique_keys_down,
+                        &next,
+                        &watch,
+                    )
+                    .await;
+                    signal(issuer, "CONT")?;
+                    let (first, dup) = measured?;
+                    record("first_delivery_webhook_keys_down", &first)?;
+                    record("duplicate_webhook_keys_down", &dup)?;
+                }
             }
             if let (Some(addr), Some(pid)) = (opts.cluster_handler, opts.cluster_handler_pid) {
                 let (first, dup) = first_then_duplicates(
@@ -481,6 +531,27 @@ async fn run(opts: Opts) -> anyhow::Result<()> {
                 &PERCENTILES[..2],
                 &[http, ("first_delivery", s("first_delivery"))],
             ));
+            if opts.webhook_issuer_pid.is_some() {
+                entries.extend(figure_entries(
+                    "duplicate_webhook_keys_down",
+                    "events/s",
+                    c,
+                    s("duplicate_webhook_keys_down"),
+                    &PERCENTILES,
+                    &[http, ("duplicate_webhook", s("duplicate_webhook"))],
+                ));
+                entries.extend(figure_entries(
+                    "first_delivery_webhook_keys_down",
+                    "events/s",
+                    c,
+                    s("first_delivery_webhook_keys_down"),
+                    &PERCENTILES[..2],
+                    &[
+                        http,
+                        ("first_delivery_webhook", s("first_delivery_webhook")),
+                    ],
+                ));
+            }
             // The batch phase ran with fewer deliveries in flight where c
             // batches would overflow the SQLite writer: said as its own c.
             let batch_c = batch_concurrency(c, opts.webhook_batch);

@@ -1,7 +1,8 @@
 //! Wiring: the parts built from `Config` (`build`), and the commands the
 //! binary runs, a file each: `serve`, `replay`, the operator's read-outs
 //! (`inspect`), `dead_letters`, `outbox`, and `webhook`: Event Grid's own
-//! protocol, the second front door.
+//! protocol, the second front door; `shutdown`, how `serve` and `webhook`
+//! end.
 
 mod build;
 mod dead_letters;
@@ -9,6 +10,7 @@ mod inspect;
 mod outbox;
 mod replay;
 mod serve;
+mod shutdown;
 mod webhook;
 
 pub use self::build::{

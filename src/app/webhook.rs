@@ -5,10 +5,8 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use anyhow::Context;
-
 use super::build::{build_processor_as, describe, start_telemetry, Built, Start};
-use super::serve::stop_on;
+use super::shutdown::{finish, Stop};
 use crate::config::Config;
 use crate::webhook::auth::Verifier;
 use crate::webhook::{Door, WebhookAuth};
@@ -16,6 +14,7 @@ use crate::webhook::{Door, WebhookAuth};
 /// `webhook`: listen on 0.0.0.0:$WEBHOOK_PORT until SIGTERM or SIGINT, then
 /// drain.
 pub async fn webhook(config: Config) -> anyhow::Result<()> {
+    let stop = Stop::listen();
     let settings = config.webhook.clone()?;
     let verifier = match &settings.auth {
         WebhookAuth::Entra(entra) => Some(Verifier::new(entra.clone())?),
@@ -27,19 +26,30 @@ pub async fn webhook(config: Config) -> anyhow::Result<()> {
         }
     };
     let telemetry = start_telemetry(&config)?;
+    let Some(built) = stop
+        .unless_stopped(build_processor_as(
+            &config,
+            telemetry.as_ref(),
+            Start::Serve,
+        ))
+        .await
+    else {
+        return finish(telemetry, None).await;
+    };
     let Built {
         processor,
         background,
         dispatcher: _dispatcher,
-    } = build_processor_as(&config, telemetry.as_ref(), Start::Serve).await?;
-    let (stop, gave_up) = stop_on(background);
+    } = built?;
+    let (stop, gave_up) = stop.or_given_up(background);
     let door = Arc::new(Door::new(processor, verifier, config.limits));
     let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, settings.port));
     let (bound, server) = crate::webhook::bind(door, addr, stop, config.shutdown_grace)?;
     let auth = match &settings.auth {
         WebhookAuth::Entra(e) => format!(
             "Microsoft Entra ID: audience {}, tenant {}",
-            e.audience, e.tenant_id
+            e.accepted_audiences().join(", "),
+            e.tenant_id
         ),
         WebhookAuth::Off => "no authentication".into(),
     };
@@ -49,11 +59,5 @@ pub async fn webhook(config: Config) -> anyhow::Result<()> {
         describe(&config)
     );
     server.await;
-    if let Some(t) = telemetry {
-        t.shutdown().await;
-    }
-    match gave_up.get() {
-        Some(e) => Err(anyhow::anyhow!("{e}")).context("the SQL Server store cannot be used"),
-        None => Ok(()),
-    }
+    finish(telemetry, Some(&gave_up)).await
 }

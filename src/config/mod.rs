@@ -235,9 +235,13 @@ impl Config {
                 format!("must be shorter than INVOCATION_DEADLINE_MS ({deadline}), so a Redis call that hangs times out (and its reservation is disowned) before the event's deadline; got {redis_timeout}"),
             ));
         }
-        let runs = hosting::runs(&get);
+        let runs = hosting::runs(&get, hosting::Door::Host);
         let store = state::store(&val, &runs)?;
-        let webhook = webhook::webhook(&val, &runs);
+        // The webhook's own place: Core Tools never starts it, so its mark
+        // does not make the embedded state or an open door safe there.
+        let webhook_runs = hosting::runs(&get, hosting::Door::Webhook);
+        let webhook = state::embedded_state_allowed(&val, &webhook_runs, &store)
+            .and_then(|()| webhook::webhook(&val, &webhook_runs));
         let dead_letter = dead_letter::dead_letter(
             val("DEAD_LETTER_STORAGE"),
             azure_client_id.as_deref(),

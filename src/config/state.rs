@@ -100,10 +100,24 @@ pub(super) fn store(
             }
         },
     };
+    embedded_state_allowed(val, runs, &store)?;
+    Ok(store)
+}
+
+/// `store` refused when it is the embedded state (an in-memory guard
+/// without `REDIS_URL`, a SQLite file) and `runs` is where several
+/// replicas, or a fresh disk, may run, unless
+/// `ORDER_GUARD_ALLOW_EMBEDDED_STATE=true` says this deployment is one
+/// replica on a disk of its own.
+pub(super) fn embedded_state_allowed(
+    val: &dyn Fn(&str) -> Option<String>,
+    runs: &Runs,
+    store: &StoreConfig,
+) -> Result<(), ConfigError> {
     if runs.embedded_state_is_safe() || allowed(val("ORDER_GUARD_ALLOW_EMBEDDED_STATE"))? {
-        return Ok(store);
+        return Ok(());
     }
-    let fix = "set it in the app's settings (Application settings in Azure, the container's environment elsewhere), or set ORDER_GUARD_ALLOW_EMBEDDED_STATE=true to run on one process's own state anyway";
+    let fix = "set it in the app's settings (Application settings in Azure, the container's environment elsewhere), or, for a deliberate single-replica deployment on a disk of its own, set ORDER_GUARD_ALLOW_EMBEDDED_STATE=true to run on one process's own state anyway";
     for var in ["REDIS_URL", "SQL_CONNECTION_STRING"] {
         if val(var).is_none() {
             return Err(err(
@@ -115,10 +129,10 @@ pub(super) fn store(
     if let StoreConfig::Sqlite { .. } = store {
         return Err(err(
             "SQL_CONNECTION_STRING",
-            format!("is a SQLite file (sqlite:…), and this runs {runs}, where a SQLite file is one per instance or shared unsafely between instances; give Azure SQL's (or SQL Server's) ADO.NET connection string, or set ORDER_GUARD_ALLOW_EMBEDDED_STATE=true to run on a SQLite file anyway"),
+            format!("is a SQLite file (sqlite:…), and this runs {runs}, where a SQLite file is one per instance or shared unsafely between instances; give Azure SQL's (or SQL Server's) ADO.NET connection string, or, for a deliberate single-replica deployment, set ORDER_GUARD_ALLOW_EMBEDDED_STATE=true to run on a SQLite file anyway"),
         ));
     }
-    Ok(store)
+    Ok(())
 }
 
 /// `sqlite:PATH`, `sqlite:PATH?mode=rw` (the file must exist) or

@@ -68,12 +68,19 @@ pub(super) fn webhook(
                     format!("expected a tenant id, a GUID (az account show --query tenantId), got {tenant_id:?}"),
                 ));
             }
-            let audience = audience.ok_or_else(|| {
-                err(
+            let audiences: Vec<String> = audience
+                .iter()
+                .flat_map(|a| a.split(','))
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(String::from)
+                .collect();
+            if audiences.is_empty() {
+                return Err(err(
                     "WEBHOOK_AUDIENCE",
-                    "must be set to the webhook's Microsoft Entra app: its application id or application id URI, as the Event Grid subscription names it (--azure-active-directory-application-id-or-uri)",
-                )
-            })?;
+                    "must be set to the webhook's Microsoft Entra app: its application id or application id URI, as the Event Grid subscription names it (--azure-active-directory-application-id-or-uri); several separated by commas",
+                ));
+            }
             let authority = authority.unwrap_or_else(|| DEFAULT_AUTHORITY.into());
             if !authority_allowed(&authority) {
                 return Err(err(
@@ -83,7 +90,7 @@ pub(super) fn webhook(
             }
             WebhookAuth::Entra(EntraSettings {
                 tenant_id,
-                audience,
+                audiences,
                 authority,
             })
         }
@@ -144,11 +151,38 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.port, DEFAULT_WEBHOOK_PORT);
+        let listed = read(
+            &[
+                ("WEBHOOK_TENANT_ID", TENANT),
+                (
+                    "WEBHOOK_AUDIENCE",
+                    " api://orders , 5b3c7f3e-8a52-4c1e-9f0e-0d1c2b3a4f5e,",
+                ),
+            ],
+            &local,
+        )
+        .unwrap();
+        let WebhookAuth::Entra(e) = listed.auth else {
+            panic!("not Entra ID")
+        };
+        assert_eq!(
+            e.audiences,
+            ["api://orders", "5b3c7f3e-8a52-4c1e-9f0e-0d1c2b3a4f5e"]
+        );
+        assert_eq!(
+            read(
+                &[("WEBHOOK_TENANT_ID", TENANT), ("WEBHOOK_AUDIENCE", " , ")],
+                &local
+            )
+            .unwrap_err()
+            .var,
+            "WEBHOOK_AUDIENCE"
+        );
         assert_eq!(
             ok.auth,
             WebhookAuth::Entra(EntraSettings {
                 tenant_id: TENANT.into(),
-                audience: "api://orders".into(),
+                audiences: vec!["api://orders".into()],
                 authority: DEFAULT_AUTHORITY.into(),
             })
         );

@@ -38,6 +38,13 @@ pub const OUTBOX_SEND: &str = "outbox_send";
 /// the lease ends).
 pub const OUTBOX_AFTER_SEND: &str = "outbox_after_send";
 
+/// The webhook's floor between two fetches of the signing keys, in ms
+/// (`return(300)`): a test's seconds in place of 30.
+pub const WEBHOOK_KEYS_FLOOR_MS: &str = "webhook_keys_floor_ms";
+/// How long the webhook keeps its signing keys before it refreshes them,
+/// in ms (`return(0)`): a test's keys always too old.
+pub const WEBHOOK_KEYS_KEPT_MS: &str = "webhook_keys_kept_ms";
+
 /// What a triggered point does: `crash` aborts the process, anything else is
 /// an error of the kind the caller maps it to.
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]

@@ -287,11 +287,22 @@ impl StoreError {
     }
 }
 
+/// A store's [`OrderStore::parallelism`] unless it says otherwise.
+pub const DEFAULT_PARALLELISM: usize = 64;
+
 /// The store's operations; see the module documentation for the protocol.
 #[async_trait]
 pub trait OrderStore: Send + Sync {
     /// `"sqlite"` or `"sqlserver"`, for logs.
     fn name(&self) -> &'static str;
+
+    /// How many events of one delivery are processed at once against this
+    /// store: as many as it serves together (its connections, or one
+    /// commit's group), so a batch of thousands neither overflows its queue
+    /// nor waits in one.
+    fn parallelism(&self) -> usize {
+        DEFAULT_PARALLELISM
+    }
 
     /// Create or upgrade the schema and check this process may use it (its
     /// rights); idempotent and safe to run concurrently. What every start

@@ -4,15 +4,18 @@
 //! token for the webhook's app and sends it as `Authorization: Bearer …`
 //! with every request, the validation handshake included. A delivery is
 //! taken only when its token
-//! - is signed (RS256) by one of the tenant's signing keys, fetched from the
-//!   authority's JWKS document, cached, and fetched again when a token names
-//!   a key id the cache does not hold (Entra ID rolls its keys), at most
-//!   once per [`REFETCH_AT_MOST_EVERY`] so a flood of made-up key ids cannot
-//!   turn into a flood of fetches (a key id met sooner is answered `503`:
-//!   Event Grid delivers again later, when a rolled key is found);
+//! - is signed (RS256) by one of the tenant's signing keys, held by one
+//!   refresher ([`super::keys`]: fetched once for everyone, at most once
+//!   per [`REFETCH_AT_MOST_EVERY`] whatever the state, the keys held used
+//!   while a fetch fails; a key id the keys lack when they cannot be
+//!   fetched again yet is answered `503`: Event Grid delivers again later,
+//!   when a rolled key is found);
 //! - is for this app (`aud`: its application id or application id URI, as
-//!   the subscription names it), from the tenant (`iss`: the v1 or v2
-//!   issuer), within its lifetime (`exp`, `nbf`, with [`CLOCK_SKEW`]);
+//!   the subscription names it: for an app id either form, since v2 tokens
+//!   carry the bare id; one of a list), from the tenant (`iss`: the v1 or
+//!   v2 issuer the authority's OpenID configuration documents name, so a
+//!   sovereign cloud's authority brings its own), within its lifetime
+//!   (`exp`, `nbf`, with [`CLOCK_SKEW`]);
 //! - was issued to Event Grid ([`EVENT_GRID_APP_ID`] in `appid` or `azp`)
 //!   and carries the [`SUBSCRIBER_ROLE`] app role.
 //!
@@ -21,12 +24,13 @@
 //! token of another caller or without the role is `403`; keys that cannot be
 //! fetched are `503`, never `401` or `403`, which Event Grid does not retry.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
+
+use super::keys::{Issuers, Keys, NoKey};
+pub use super::keys::{KEYS_KEPT_FOR, REFETCH_AT_MOST_EVERY};
 
 /// Event Grid's own application id: the service principal Entra ID issues
 /// its delivery tokens to.
@@ -37,11 +41,6 @@ pub const SUBSCRIBER_ROLE: &str = "AzureEventGridSecureWebhookSubscriber";
 pub const DEFAULT_AUTHORITY: &str = "https://login.microsoftonline.com";
 /// Leeway on `exp` and `nbf`: clocks of two machines disagree a little.
 pub const CLOCK_SKEW: Duration = Duration::from_secs(60);
-/// A key id the cache does not know fetches the keys again, at most this
-/// often.
-pub const REFETCH_AT_MOST_EVERY: Duration = Duration::from_secs(30);
-/// Keys held longer than this are fetched again before use.
-pub const KEYS_KEPT_FOR: Duration = Duration::from_secs(24 * 3600);
 /// How long one fetch of the keys may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -50,33 +49,64 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct EntraSettings {
     /// The tenant of the webhook's app (a GUID).
     pub tenant_id: String,
-    /// The webhook app's application id or application id URI: the
-    /// audience the subscription asks tokens for.
-    pub audience: String,
-    /// Where the tenant's keys are published: `{authority}/{tenant}/discovery/v2.0/keys`.
+    /// The webhook's app as the subscriptions name it: its application id
+    /// or application id URI, one or more (a token for any is taken).
+    pub audiences: Vec<String>,
+    /// Where the tenant's keys and OpenID configuration are published:
+    /// `{authority}/{tenant}/…`.
     pub authority: String,
 }
 
 impl EntraSettings {
-    /// The JWKS document's address.
-    pub fn keys_url(&self) -> String {
+    fn base(&self) -> String {
         format!(
-            "{}/{}/discovery/v2.0/keys",
+            "{}/{}",
             self.authority.trim_end_matches('/'),
             self.tenant_id
         )
     }
 
-    /// The issuers a token of the tenant may name: v1 and v2 tokens.
-    pub fn issuers(&self) -> [String; 2] {
+    /// The JWKS document's address.
+    pub fn keys_url(&self) -> String {
+        format!("{}/discovery/v2.0/keys", self.base())
+    }
+
+    /// The OpenID configuration documents of the tenant's v1 and v2
+    /// tokens: each names its tokens' issuer (`sts.windows.net` and
+    /// `login.microsoftonline.com` in the public cloud, others in the
+    /// sovereign clouds), as Microsoft's token validation guidance reads it.
+    pub fn configuration_urls(&self) -> [String; 2] {
         [
-            format!("https://sts.windows.net/{}/", self.tenant_id),
-            format!("https://login.microsoftonline.com/{}/v2.0", self.tenant_id),
+            format!("{}/.well-known/openid-configuration", self.base()),
+            format!("{}/v2.0/.well-known/openid-configuration", self.base()),
         ]
+    }
+
+    /// The audiences a token may name (pure): each configured one, and for
+    /// an app's id its other form: `id` and `api://id` are one app (Event
+    /// Grid asks for the form the subscription names; Entra ID's v2 tokens
+    /// always carry the bare id).
+    pub fn accepted_audiences(&self) -> Vec<String> {
+        let mut accepted = Vec::new();
+        for a in &self.audiences {
+            let bare = a.strip_prefix("api://").unwrap_or(a);
+            let forms = if uuid::Uuid::parse_str(bare).is_ok() {
+                vec![bare.to_string(), format!("api://{bare}")]
+            } else {
+                vec![a.clone()]
+            };
+            for f in forms {
+                if !accepted.contains(&f) {
+                    accepted.push(f);
+                }
+            }
+        }
+        accepted
     }
 }
 
-/// Why a delivery is refused before any event is looked at.
+/// Why a delivery is refused before any event is looked at, with the
+/// detail for the log (never for the caller: it names the configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// 401: no valid token for this app from this tenant.
@@ -87,9 +117,28 @@ pub enum Refusal {
     Unavailable(String),
 }
 
+impl Refusal {
+    /// What the caller is told: the class alone.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Refusal::Unauthenticated(_) => "unauthorized",
+            Refusal::Forbidden(_) => "forbidden",
+            Refusal::Unavailable(_) => "keys unavailable",
+        }
+    }
+
+    /// What the log is told.
+    pub fn detail(&self) -> &str {
+        match self {
+            Refusal::Unauthenticated(d) | Refusal::Forbidden(d) | Refusal::Unavailable(d) => d,
+        }
+    }
+}
+
 /// The claims checked beyond what [`Validation`] checks.
 #[derive(Debug, Deserialize)]
 struct Claims {
+    iss: String,
     /// v1 tokens: the caller's application id.
     appid: Option<String>,
     /// v2 tokens: the same.
@@ -124,63 +173,79 @@ fn caller_refusal(appid: Option<&str>, roles: &[String]) -> Option<String> {
     }
 }
 
-/// What to do for a token's key id (see [`key_step`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum KeyStep {
-    /// Check the token with the key held.
-    Use,
-    /// Fetch the keys (none held, held too long, or a key id they lack).
-    Fetch,
-    /// The keys were fetched too lately to fetch them again for a key id
-    /// they lack: answer `503`, so Event Grid delivers again after this
-    /// long or more (a roll is then found; a made-up id is then `401`).
-    AskAgainIn(Duration),
+/// The bearer token of an `Authorization` header and the key id its
+/// header names (pure: no signature checked yet), or why it is no token
+/// Entra ID issues: not a bearer token, not a JWT, not RS256, no `kid`.
+pub fn bearer_key_id(authorization: Option<&str>) -> Result<(&str, String), Refusal> {
+    let Some(value) = authorization else {
+        return Err(Refusal::Unauthenticated(
+            "no Authorization header: Event Grid sends a bearer token when the subscription uses Microsoft Entra ID".into(),
+        ));
+    };
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            Refusal::Unauthenticated("the Authorization header is not a bearer token".into())
+        })?;
+    let header = jsonwebtoken::decode_header(token)
+        .map_err(|e| Refusal::Unauthenticated(format!("the bearer token is not a JWT: {e}")))?;
+    if header.alg != Algorithm::RS256 {
+        return Err(Refusal::Unauthenticated(format!(
+            "the token is signed with {:?}; Entra ID signs with RS256",
+            header.alg
+        )));
+    }
+    let kid = header
+        .kid
+        .ok_or_else(|| Refusal::Unauthenticated("the token names no signing key (kid)".into()))?;
+    Ok((token, kid))
 }
 
-/// The step for a key id (pure): `held` is whether the keys held have it
-/// and when they were fetched, `last_fetch` when a fetch last began.
-fn key_step(held: Option<(bool, Instant)>, last_fetch: Option<Instant>, now: Instant) -> KeyStep {
-    match held {
-        None => KeyStep::Fetch,
-        Some((_, fetched)) if now.saturating_duration_since(fetched) >= KEYS_KEPT_FOR => {
-            KeyStep::Fetch
-        }
-        Some((true, _)) => KeyStep::Use,
-        Some((false, _)) => {
-            let since = last_fetch.map_or(REFETCH_AT_MOST_EVERY, |at| {
-                now.saturating_duration_since(at)
-            });
-            if since >= REFETCH_AT_MOST_EVERY {
-                KeyStep::Fetch
-            } else {
-                KeyStep::AskAgainIn(REFETCH_AT_MOST_EVERY - since)
-            }
-        }
+/// Why a signed token's claims are refused (pure), beyond what
+/// [`Validation`] checks: an issuer not among `issuers` (401), a caller
+/// that is not Event Grid or lacks the role (403).
+fn claims_refusal(claims: &Claims, issuers: &[String]) -> Result<(), Refusal> {
+    if !issuers.contains(&claims.iss) {
+        return Err(Refusal::Unauthenticated(format!(
+            "the token's issuer {:?} is not the tenant's ({})",
+            claims.iss,
+            issuers.join(", ")
+        )));
+    }
+    let caller = claims.appid.as_deref().or(claims.azp.as_deref());
+    match caller_refusal(caller, &claims.roles) {
+        Some(why) => Err(Refusal::Forbidden(why)),
+        None => Ok(()),
     }
 }
 
-/// The signing keys held, and when they were fetched.
-struct Keys {
-    set: JwkSet,
-    fetched: Instant,
+/// A token's claims as JSON (its payload, decoded) checked as a signed
+/// token's are once [`Validation`] has passed (the fuzz target's way in:
+/// no key needed): the claims read (`iss`, `appid`/`azp`, `roles`), then
+/// [`claims_refusal`]. Claims that cannot be read are 401.
+pub fn check_claims(payload: &[u8], issuers: &[String]) -> Result<(), Refusal> {
+    let claims: Claims = serde_json::from_slice(payload)
+        .map_err(|e| Refusal::Unauthenticated(format!("the token's claims cannot be read: {e}")))?;
+    claims_refusal(&claims, issuers)
 }
 
 /// Checks delivery tokens against the tenant's signing keys.
 pub struct Verifier {
     settings: EntraSettings,
     validation: Validation,
-    client: reqwest::Client,
-    keys: tokio::sync::Mutex<Option<Keys>>,
-    /// When a fetch was last begun (a made-up key id waits for the next).
-    last_fetch: Mutex<Option<Instant>>,
+    keys: Keys,
 }
 
 impl Verifier {
     pub fn new(settings: EntraSettings) -> anyhow::Result<Verifier> {
         crate::tls::install_crypto_provider();
         let mut validation = Validation::new(Algorithm::RS256);
-        validation.set_audience(&[settings.audience.as_str()]);
-        validation.set_issuer(&settings.issuers());
+        validation.set_audience(&settings.accepted_audiences());
+        // `iss` is checked against the issuers the authority's OpenID
+        // configuration names, fetched with the keys (see `check`).
         validation.set_required_spec_claims(&["exp", "aud", "iss"]);
         validation.validate_nbf = true;
         validation.leeway = CLOCK_SKEW.as_secs();
@@ -191,11 +256,9 @@ impl Verifier {
                 anyhow::anyhow!("cannot build the HTTP client for Entra ID's keys: {e}")
             })?;
         Ok(Verifier {
+            keys: Keys::new(settings.keys_url(), settings.configuration_urls(), client),
             settings,
             validation,
-            client,
-            keys: tokio::sync::Mutex::new(None),
-            last_fetch: Mutex::new(None),
         })
     }
 
@@ -206,101 +269,29 @@ impl Verifier {
     /// The delivery's `Authorization` header checked: `Ok` when Event Grid
     /// sent it for this app.
     pub async fn check(&self, authorization: Option<&str>) -> Result<(), Refusal> {
-        let Some(value) = authorization else {
-            return Err(Refusal::Unauthenticated(
-                "no Authorization header: Event Grid sends a bearer token when the subscription uses Microsoft Entra ID".into(),
-            ));
-        };
-        let token = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                Refusal::Unauthenticated("the Authorization header is not a bearer token".into())
-            })?;
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|e| Refusal::Unauthenticated(format!("the bearer token is not a JWT: {e}")))?;
-        if header.alg != Algorithm::RS256 {
-            return Err(Refusal::Unauthenticated(format!(
-                "the token is signed with {:?}; Entra ID signs with RS256",
-                header.alg
-            )));
-        }
-        let kid = header.kid.ok_or_else(|| {
-            Refusal::Unauthenticated("the token names no signing key (kid)".into())
-        })?;
-        let key = self.key(&kid).await?;
+        let (token, kid) = bearer_key_id(authorization)?;
+        let (key, issuers) = self.key(&kid).await?;
         let data = jsonwebtoken::decode::<Claims>(token, &key, &self.validation).map_err(|e| {
             Refusal::Unauthenticated(format!(
                 "the token is not valid for {} in tenant {}: {e}",
-                self.settings.audience, self.settings.tenant_id
+                self.settings.audiences.join(", "),
+                self.settings.tenant_id
             ))
         })?;
-        let claims = data.claims;
-        let caller = claims.appid.as_deref().or(claims.azp.as_deref());
-        match caller_refusal(caller, &claims.roles) {
-            Some(why) => Err(Refusal::Forbidden(why)),
-            None => Ok(()),
-        }
+        claims_refusal(&data.claims, &issuers)
     }
 
-    /// The key `kid` names, by [`key_step`]: from the keys held, or from
-    /// a fetch of them.
-    async fn key(&self, kid: &str) -> Result<DecodingKey, Refusal> {
-        let mut keys = self.keys.lock().await;
-        let now = Instant::now();
-        let held = keys
-            .as_ref()
-            .map(|k| (k.set.find(kid).is_some(), k.fetched));
-        let last_fetch = *self.last_fetch.lock().unwrap_or_else(|p| p.into_inner());
-        match key_step(held, last_fetch, now) {
-            KeyStep::Use => {}
-            KeyStep::AskAgainIn(wait) => {
-                return Err(Refusal::Unavailable(format!(
-                    "the token's signing key {kid:?} is not among the keys fetched {} s ago; they are fetched again in {} s (Entra ID may have rolled them)",
-                    last_fetch.map_or(0, |at| now.saturating_duration_since(at).as_secs()),
-                    wait.as_secs().max(1)
-                )))
-            }
-            KeyStep::Fetch => {
-                *self.last_fetch.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
-                match self.fetch().await {
-                    Ok(set) => {
-                        *keys = Some(Keys {
-                            set,
-                            fetched: Instant::now(),
-                        })
-                    }
-                    // Keys held, even old, still sign the tokens they signed.
-                    Err(e) if keys.is_some() => log::warn!("{e}; the keys held are used meanwhile"),
-                    Err(e) => return Err(Refusal::Unavailable(e)),
-                }
-            }
-        }
-        match keys.as_ref().and_then(|k| k.set.find(kid)) {
-            Some(jwk) => decoding_key(jwk),
-            None => Err(Refusal::Unauthenticated(format!(
-                "the token's signing key {kid:?} is not among tenant {}'s keys",
+    /// The key `kid` names, and the tenant's issuers: from the keys held,
+    /// or from a fetch of them.
+    async fn key(&self, kid: &str) -> Result<(DecodingKey, Issuers), Refusal> {
+        match self.keys.key(kid).await {
+            Ok((jwk, issuers)) => Ok((decoding_key(&jwk)?, issuers)),
+            Err(NoKey::Unknown(why)) => Err(Refusal::Unauthenticated(format!(
+                "{why} (tenant {})",
                 self.settings.tenant_id
             ))),
+            Err(NoKey::Unavailable(why)) => Err(Refusal::Unavailable(why)),
         }
-    }
-
-    async fn fetch(&self) -> Result<JwkSet, String> {
-        let url = self.settings.keys_url();
-        let failed = |e: String| format!("cannot fetch Entra ID's signing keys from {url}: {e}");
-        let response = self
-            .client
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        if !response.status().is_success() {
-            return Err(failed(format!("HTTP {}", response.status())));
-        }
-        let body = response.bytes().await.map_err(|e| failed(e.to_string()))?;
-        serde_json::from_slice(&body).map_err(|e| failed(format!("not a JWKS document: {e}")))
     }
 }
 
@@ -346,34 +337,13 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_fetched_when_missing_old_or_lacking_a_key_id_at_most_every_30_s() {
-        let t = Instant::now();
-        let s = Duration::from_secs;
-        assert_eq!(key_step(None, None, t), KeyStep::Fetch);
-        assert_eq!(key_step(Some((true, t)), Some(t), t + s(5)), KeyStep::Use);
-        assert_eq!(
-            key_step(Some((true, t)), Some(t), t + KEYS_KEPT_FOR),
-            KeyStep::Fetch,
-            "held too long"
-        );
-        assert_eq!(
-            key_step(Some((false, t)), Some(t), t + s(10)),
-            KeyStep::AskAgainIn(s(20)),
-            "a key id the fresh keys lack: ask again later, not 401"
-        );
-        assert_eq!(
-            key_step(Some((false, t)), Some(t), t + REFETCH_AT_MOST_EVERY),
-            KeyStep::Fetch,
-            "a rolled key is found once the interval has passed"
-        );
-        assert_eq!(key_step(Some((false, t)), None, t), KeyStep::Fetch);
-    }
-
-    #[test]
-    fn the_keys_and_issuers_are_the_tenants() {
+    fn the_keys_and_configuration_are_the_tenants_and_both_audience_forms_are_taken() {
         let s = EntraSettings {
             tenant_id: "t1".into(),
-            audience: "api://app".into(),
+            audiences: vec![
+                "api://5b3c7f3e-8a52-4c1e-9f0e-0d1c2b3a4f5e".into(),
+                "api://orders".into(),
+            ],
             authority: "https://login.microsoftonline.com/".into(),
         };
         assert_eq!(
@@ -381,10 +351,30 @@ mod tests {
             "https://login.microsoftonline.com/t1/discovery/v2.0/keys"
         );
         assert_eq!(
-            s.issuers(),
+            s.configuration_urls(),
             [
-                "https://sts.windows.net/t1/".to_string(),
-                "https://login.microsoftonline.com/t1/v2.0".to_string()
+                "https://login.microsoftonline.com/t1/.well-known/openid-configuration".to_string(),
+                "https://login.microsoftonline.com/t1/v2.0/.well-known/openid-configuration"
+                    .to_string()
+            ]
+        );
+        assert_eq!(
+            s.accepted_audiences(),
+            [
+                "5b3c7f3e-8a52-4c1e-9f0e-0d1c2b3a4f5e",
+                "api://5b3c7f3e-8a52-4c1e-9f0e-0d1c2b3a4f5e",
+                "api://orders"
+            ]
+        );
+        let bare = EntraSettings {
+            audiences: vec!["5B3C7F3E-8A52-4C1E-9F0E-0D1C2B3A4F5E".into()],
+            ..s
+        };
+        assert_eq!(
+            bare.accepted_audiences(),
+            [
+                "5B3C7F3E-8A52-4C1E-9F0E-0D1C2B3A4F5E",
+                "api://5B3C7F3E-8A52-4C1E-9F0E-0D1C2B3A4F5E"
             ]
         );
     }

@@ -55,33 +55,67 @@ pub fn read(event_type: Option<&str>, body: &[u8]) -> Result<Delivery, String> {
             ))
         }
     }
-    let first = match &value {
-        Value::Array(events) => events.first(),
+    let kind = kind(event_type, &value);
+    match kind {
+        Kind::Validation => {
+            let code = only_event(&value)
+                .filter(|e| e.get("eventType").and_then(Value::as_str) == Some(VALIDATION_EVENT))
+                .and_then(|e| e.pointer("/data/validationCode"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    format!("a validation request holds exactly one {VALIDATION_EVENT} event, with data.validationCode")
+                })?;
+            Ok(Delivery::Validation {
+                code: code.to_string(),
+            })
+        }
+        Kind::Deletion => Ok(Delivery::Deletion),
+        Kind::Events => Ok(Delivery::Events(value)),
+    }
+}
+
+/// What a request is, by its header first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Validation,
+    Deletion,
+    Events,
+}
+
+/// The event of a one-event delivery: a one-element array, or one object.
+fn only_event(value: &Value) -> Option<&Value> {
+    match value {
+        Value::Array(events) if events.len() == 1 => events.first(),
+        Value::Array(_) => None,
         one => Some(one),
-    };
-    let first_type = first
-        .and_then(|e| e.get("eventType"))
-        .and_then(Value::as_str);
-    let handshake = event_type.is_some_and(|t| t.eq_ignore_ascii_case("SubscriptionValidation"))
-        || first_type == Some(VALIDATION_EVENT);
-    if handshake {
-        let code = first
-            .filter(|_| first_type == Some(VALIDATION_EVENT))
-            .and_then(|e| e.pointer("/data/validationCode"))
+    }
+}
+
+/// What a request is (pure). The `aeg-event-type` header decides when it
+/// is there: `Notification` (or any value but the two handshakes) is always
+/// events, whatever their types, so an event typed as a handshake cannot
+/// hide the orders delivered with it. Without the header (a CloudEvents
+/// delivery, or a client of its own) a handshake is only a one-event
+/// delivery of that event's type, as Event Grid sends it.
+fn kind(event_type: Option<&str>, value: &Value) -> Kind {
+    match event_type.map(str::trim) {
+        Some(t) if t.eq_ignore_ascii_case("SubscriptionValidation") => Kind::Validation,
+        Some(t)
+            if t.eq_ignore_ascii_case("SubscriptionDeletion")
+                || t.eq_ignore_ascii_case("Unsubscribe") =>
+        {
+            Kind::Deletion
+        }
+        Some(_) => Kind::Events,
+        None => match only_event(value)
+            .and_then(|e| e.get("eventType"))
             .and_then(Value::as_str)
-            .ok_or_else(|| {
-                format!("a validation request without a {VALIDATION_EVENT} event holding data.validationCode")
-            })?;
-        return Ok(Delivery::Validation {
-            code: code.to_string(),
-        });
+        {
+            Some(VALIDATION_EVENT) => Kind::Validation,
+            Some(DELETION_EVENT) => Kind::Deletion,
+            _ => Kind::Events,
+        },
     }
-    let deletion = event_type.is_some_and(|t| t.eq_ignore_ascii_case("SubscriptionDeletion"))
-        || first_type == Some(DELETION_EVENT);
-    if deletion {
-        return Ok(Delivery::Deletion);
-    }
-    Ok(Delivery::Events(value))
 }
 
 /// The status of a processed delivery: 200 when every event's answer is
@@ -126,6 +160,45 @@ mod tests {
         assert!(read(Some("SubscriptionValidation"), no_code.as_bytes())
             .unwrap_err()
             .contains("validationCode"));
+    }
+
+    #[test]
+    fn the_header_decides_and_a_handshake_typed_event_never_hides_a_batch() {
+        let order = json!({"id": "e1", "eventType": "Trading.Order.Placed", "data": {}});
+        let validation =
+            json!({"id": "v", "eventType": VALIDATION_EVENT, "data": {"validationCode": "c"}});
+        let deleted = json!({"id": "d", "eventType": DELETION_EVENT, "data": {}});
+        for first in [&validation, &deleted] {
+            let batch = json!([first, order]);
+            let body = batch.to_string();
+            assert_eq!(
+                read(Some("Notification"), body.as_bytes()),
+                Ok(events(batch.clone())),
+                "Notification is always events"
+            );
+            assert_eq!(
+                read(None, body.as_bytes()),
+                Ok(events(batch.clone())),
+                "without the header, only a one-event delivery is a handshake"
+            );
+            let alone = json!([first]).to_string();
+            assert_eq!(
+                read(Some("Notification"), alone.as_bytes()),
+                Ok(events(json!([first])))
+            );
+        }
+        let mixed = json!([validation, order]).to_string();
+        assert!(read(Some("SubscriptionValidation"), mixed.as_bytes())
+            .unwrap_err()
+            .contains("exactly one"));
+        assert_eq!(
+            read(None, json!([deleted]).to_string().as_bytes()),
+            Ok(Delivery::Deletion)
+        );
+        assert_eq!(
+            read(Some("Unsubscribe"), json!([order]).to_string().as_bytes()),
+            Ok(Delivery::Deletion)
+        );
     }
 
     #[test]

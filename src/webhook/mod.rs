@@ -14,21 +14,23 @@
 //! - `GET /healthz` (alive) and `GET /readyz` (the guard and the store
 //!   answer, and no drain under way).
 //!
-//! On the shutdown signal the door drains: each delivery in flight is
-//! finished and answered, every new one is answered 503 (Event Grid
-//! delivers it again, to another replica or after the restart), `readyz`
-//! says 503, and the listener closes once nothing is in flight or the grace
-//! has passed.
+//! On the shutdown signal the door drains ([`drain_step`]): `readyz` says
+//! 503 at once, deliveries are still taken for most of the grace (until
+//! the ingress stops routing here: a run of 503s would have Event Grid
+//! delay every delivery to the endpoint), its last stretch answers new
+//! ones 503, and the listener closes once nothing is in flight after
+//! deliveries stop coming, or the grace has passed.
 
 pub mod auth;
 pub mod delivery;
+mod keys;
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::Stream;
 use serde_json::json;
@@ -69,7 +71,11 @@ pub struct Door {
     processor: Arc<Processor>,
     verifier: Option<Verifier>,
     limits: Limits,
-    draining: AtomicBool,
+    /// When the drain began, and its grace.
+    drain: std::sync::OnceLock<(Instant, Duration)>,
+    /// When the last delivery began, in ns since `origin`.
+    last_delivery: AtomicU64,
+    origin: Instant,
     in_flight: AtomicUsize,
     idle: tokio::sync::Notify,
 }
@@ -89,7 +95,22 @@ fn answer(status: StatusCode, body: serde_json::Value) -> warp::reply::Response 
     warp::reply::with_status(warp::reply::json(&body), status).into_response()
 }
 
-fn refused(status: StatusCode, why: &str) -> warp::reply::Response {
+/// A refusal: the detail to the log line (escaped: it may quote what the
+/// caller sent), the body only `class`. A caller with a bad token learns
+/// nothing of the configuration (tenant, audience, key endpoint).
+fn refused(status: StatusCode, class: &str, why: &str) -> warp::reply::Response {
+    log::warn!(
+        "webhook request refused ({} {class}): {}",
+        status.as_u16(),
+        crate::text::escaped(why)
+    );
+    answer(status, json!({ "error": class }))
+}
+
+/// A refusal of a request already authenticated (or with the
+/// authentication off): its detail is about the request itself, so the
+/// caller gets it too (Event Grid's delivery log shows it).
+fn refused_with_detail(status: StatusCode, why: &str) -> warp::reply::Response {
     log::warn!(
         "webhook delivery refused ({}): {}",
         status.as_u16(),
@@ -98,13 +119,40 @@ fn refused(status: StatusCode, why: &str) -> warp::reply::Response {
     answer(status, json!({ "error": why }))
 }
 
+/// The routes, each path with the methods it serves (its `Allow` header).
+const ROUTES: [(&str, &str); 3] = [
+    ("/events", "POST, OPTIONS"),
+    ("/healthz", "GET"),
+    ("/readyz", "GET"),
+];
+
+/// What a request no route took gets (pure): a path this webhook does not
+/// serve is 404; a path it serves with another method is 405 with the
+/// methods it takes (`Allow`); a served method on its path was refused
+/// for its headers: 400.
+fn misrouted(path: &str, method: &str) -> (StatusCode, Option<&'static str>) {
+    let path = match path.strip_suffix('/') {
+        Some(p) if !p.is_empty() => p,
+        _ => path,
+    };
+    match ROUTES.iter().find(|(p, _)| *p == path) {
+        None => (StatusCode::NOT_FOUND, None),
+        Some((_, allow)) if allow.split(", ").any(|m| m == method) => {
+            (StatusCode::BAD_REQUEST, None)
+        }
+        Some((_, allow)) => (StatusCode::METHOD_NOT_ALLOWED, Some(allow)),
+    }
+}
+
 impl Door {
     pub fn new(processor: Arc<Processor>, verifier: Option<Verifier>, limits: Limits) -> Door {
         Door {
             processor,
             verifier,
             limits,
-            draining: AtomicBool::new(false),
+            drain: std::sync::OnceLock::new(),
+            last_delivery: AtomicU64::new(0),
+            origin: Instant::now(),
             in_flight: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),
         }
@@ -131,30 +179,31 @@ impl Door {
         // waits for this delivery, or this delivery sees the drain.
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let _counted = InFlight(self);
-        if self.draining.load(Ordering::SeqCst) {
+        self.last_delivery
+            .store(self.origin.elapsed().as_nanos() as u64, Ordering::SeqCst);
+        if !matches!(self.drain_step(), None | Some(DrainStep::Take(_))) {
             return refused(
                 StatusCode::SERVICE_UNAVAILABLE,
+                "shutting down",
                 "this instance is shutting down; Event Grid delivers again",
             );
         }
         if let Some(verifier) = &self.verifier {
-            match verifier.check(authorization.as_deref()).await {
-                Ok(()) => {}
-                Err(Refusal::Unauthenticated(why)) => {
-                    return refused(StatusCode::UNAUTHORIZED, &why)
-                }
-                Err(Refusal::Forbidden(why)) => return refused(StatusCode::FORBIDDEN, &why),
-                Err(Refusal::Unavailable(why)) => {
-                    return refused(StatusCode::SERVICE_UNAVAILABLE, &why)
-                }
+            if let Err(refusal) = verifier.check(authorization.as_deref()).await {
+                let status = match refusal {
+                    Refusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+                    Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
+                    Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                };
+                return refused(status, refusal.class(), refusal.detail());
             }
         }
         let bytes = match crate::body::read(body, length, self.limits).await {
             Ok(bytes) => bytes,
-            Err(e) => return refused(e.status(), &e.to_string()),
+            Err(e) => return refused_with_detail(e.status(), &e.to_string()),
         };
         match delivery::read(event_type.as_deref(), &bytes) {
-            Err(why) => refused(StatusCode::BAD_REQUEST, &why),
+            Err(why) => refused_with_detail(StatusCode::BAD_REQUEST, &why),
             Ok(Delivery::Validation { code }) => {
                 log::info!("Event Grid subscription validated (synchronous handshake)");
                 answer(StatusCode::OK, json!({ "validationResponse": code }))
@@ -173,7 +222,7 @@ impl Door {
 
     /// `GET /readyz`: the guard and the store answer, and no drain.
     async fn ready(&self) -> Result<(), String> {
-        if self.draining.load(Ordering::SeqCst) {
+        if self.draining() {
             return Err("shutting down".into());
         }
         let probe = "readiness-probe";
@@ -192,29 +241,108 @@ impl Door {
         }
     }
 
-    /// The drain: new deliveries answered 503 from now on; returns once
-    /// none is in flight, or `grace` has passed.
+    /// Whether a drain has begun (readiness fails from then on).
+    fn draining(&self) -> bool {
+        self.drain.get().is_some()
+    }
+
+    /// Where the drain is now, if one has begun.
+    fn drain_step(&self) -> Option<DrainStep> {
+        let &(began, grace) = self.drain.get()?;
+        let now = self.origin.elapsed();
+        let last = Duration::from_nanos(self.last_delivery.load(Ordering::SeqCst));
+        let since_signal = began.elapsed();
+        // Since the later of the signal and the last delivery's start.
+        let since_last = since_signal.min(now.saturating_sub(last));
+        Some(drain_step(
+            since_signal,
+            since_last,
+            self.in_flight(),
+            grace,
+        ))
+    }
+
+    /// The drain ([`drain_step`]): readiness fails at once; deliveries are
+    /// still taken for most of `grace` (until the ingress stops routing
+    /// here); the last stretch answers new ones 503. Returns once none is
+    /// in flight after deliveries stop coming, or once `grace` has passed.
     pub async fn drain(&self, grace: Duration) {
-        self.draining.store(true, Ordering::SeqCst);
-        let deadline = tokio::time::Instant::now() + grace;
+        let _ = self.drain.set((Instant::now(), grace));
         loop {
             let idle = self.idle.notified();
             tokio::pin!(idle);
             idle.as_mut().enable();
-            let n = self.in_flight();
-            if n == 0 {
-                log::info!("all deliveries drained");
-                return;
-            }
+            let wait = match self.drain_step() {
+                None | Some(DrainStep::Done) => break,
+                Some(DrainStep::Take(d) | DrainStep::Refuse(d)) => d,
+            };
             tokio::select! {
                 () = idle => {}
-                () = tokio::time::sleep_until(deadline) => {
-                    log::warn!("shutdown grace of {} s passed with {n} deliveries in flight", grace.as_secs());
-                    return;
-                }
+                () = tokio::time::sleep(wait) => {}
             }
         }
+        match self.in_flight() {
+            0 => log::info!("all deliveries drained"),
+            n => log::warn!(
+                "shutdown grace of {} s passed with {n} deliveries in flight",
+                grace.as_secs()
+            ),
+        }
     }
+}
+
+/// Where a drain is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DrainStep {
+    /// New deliveries are still taken; look again in this long at most.
+    Take(Duration),
+    /// New deliveries are answered 503; the drain ends once none is in
+    /// flight, or in this long.
+    Refuse(Duration),
+    /// The drain is over.
+    Done,
+}
+
+/// The last stretch of the grace, when new deliveries are refused: a
+/// fifth of it, at most 5 s.
+fn refusing_tail(grace: Duration) -> Duration {
+    (grace / 5).min(Duration::from_secs(5))
+}
+
+/// The drain's step (pure): `since_signal` since it began, `since_last`
+/// since the later of that and the last delivery's start, `in_flight`
+/// deliveries being processed. Deliveries are taken until the refusing
+/// tail ([`refusing_tail`]): Event Grid delays every delivery to an
+/// endpoint that fails several times, so a drain that refused for the
+/// whole grace would be a run of failures on every scale-in and revision.
+/// Taking ends early once the door is quiet (none in flight, none begun
+/// for a tail's length: the ingress has stopped routing here); the tail
+/// ends once none is in flight; the grace ends it all.
+fn drain_step(
+    since_signal: Duration,
+    since_last: Duration,
+    in_flight: usize,
+    grace: Duration,
+) -> DrainStep {
+    let tail = refusing_tail(grace);
+    let taking_until = grace.saturating_sub(tail);
+    if since_signal >= grace {
+        return DrainStep::Done;
+    }
+    if since_signal < taking_until {
+        if in_flight == 0 && since_last >= tail {
+            return DrainStep::Done;
+        }
+        let phase_end = taking_until - since_signal;
+        return DrainStep::Take(match tail.checked_sub(since_last) {
+            Some(quiet_in) if !quiet_in.is_zero() => quiet_in.min(phase_end),
+            _ => phase_end,
+        });
+    }
+    if in_flight == 0 {
+        return DrainStep::Done;
+    }
+    DrainStep::Refuse(grace - since_signal)
 }
 
 /// The webhook's routes.
@@ -255,6 +383,7 @@ pub fn routes(
             }
             None => refused(
                 StatusCode::BAD_REQUEST,
+                "bad request",
                 "an OPTIONS request without WebHook-Request-Origin: not the CloudEvents webhook handshake",
             ),
         });
@@ -268,7 +397,7 @@ pub fn routes(
                 json!({
                     "status": "alive",
                     "inFlight": door.in_flight(),
-                    "draining": door.draining.load(Ordering::SeqCst),
+                    "draining": door.draining(),
                 }),
             )
         });
@@ -285,6 +414,25 @@ pub fn routes(
                 ),
             }
         });
+    // Whatever no route took: by its path and method, never warp's
+    // rejection (which names its internals, and says 405 for any path).
+    let fallback = warp::method().and(warp::path::full()).map(
+        |method: warp::http::Method, path: warp::path::FullPath| {
+            let (status, allow) = misrouted(path.as_str(), method.as_str());
+            let class = match status {
+                StatusCode::NOT_FOUND => "not found",
+                StatusCode::METHOD_NOT_ALLOWED => "method not allowed",
+                _ => "bad request",
+            };
+            let mut response = refused(status, class, &format!("{method} {}", path.as_str()));
+            if let Some(allow) = allow {
+                response
+                    .headers_mut()
+                    .insert("Allow", warp::http::HeaderValue::from_static(allow));
+            }
+            response
+        },
+    );
     deliver
         .or(handshake)
         .unify()
@@ -292,19 +440,7 @@ pub fn routes(
         .unify()
         .or(ready)
         .unify()
-        .recover(|rejection: warp::Rejection| async move {
-            let status = if rejection.is_not_found() {
-                StatusCode::NOT_FOUND
-            } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
-                StatusCode::METHOD_NOT_ALLOWED
-            } else {
-                StatusCode::BAD_REQUEST
-            };
-            Ok::<_, Infallible>(answer(
-                status,
-                json!({ "error": format!("this webhook serves POST and OPTIONS /{PATH}, GET /healthz and GET /readyz ({rejection:?})") }),
-            ))
-        })
+        .or(fallback)
         .unify()
 }
 
@@ -323,8 +459,9 @@ pub fn bind(
     let drain = async move {
         shutdown.await;
         log::info!(
-            "shutting down: {} deliveries in flight are finished, new ones answered 503",
-            drained.in_flight()
+            "shutting down: not ready from now on; {} deliveries in flight, new ones taken for {} s more, then answered 503",
+            drained.in_flight(),
+            grace.saturating_sub(refusing_tail(grace)).as_secs()
         );
         drained.drain(grace).await;
         close.cancel();
@@ -346,4 +483,56 @@ pub fn bind(
         }
     };
     Ok((bound, run))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drain_takes_deliveries_until_its_last_stretch_and_ends_when_quiet() {
+        let s = Duration::from_secs;
+        let grace = s(25);
+        assert_eq!(refusing_tail(grace), s(5));
+        assert_eq!(refusing_tail(s(5)), s(1));
+        // Just signalled, a delivery in flight: taking, for 5 s of quiet.
+        assert_eq!(drain_step(s(0), s(0), 1, grace), DrainStep::Take(s(5)));
+        // Deliveries keep coming: taken until the tail.
+        assert_eq!(drain_step(s(18), s(1), 3, grace), DrainStep::Take(s(2)));
+        assert_eq!(drain_step(s(12), s(9), 1, grace), DrainStep::Take(s(8)));
+        // Quiet: none in flight, none begun for a tail's length.
+        assert_eq!(drain_step(s(5), s(5), 0, grace), DrainStep::Done);
+        assert_eq!(drain_step(s(3), s(1), 0, grace), DrainStep::Take(s(4)));
+        // The tail: new ones refused, over once none is in flight.
+        assert_eq!(drain_step(s(21), s(0), 2, grace), DrainStep::Refuse(s(4)));
+        assert_eq!(drain_step(s(21), s(0), 0, grace), DrainStep::Done);
+        assert_eq!(drain_step(s(25), s(0), 2, grace), DrainStep::Done);
+    }
+
+    #[test]
+    fn a_request_no_route_took_is_404_by_path_and_405_by_method() {
+        assert_eq!(misrouted("/", "GET"), (StatusCode::NOT_FOUND, None));
+        assert_eq!(misrouted("/nope", "POST"), (StatusCode::NOT_FOUND, None));
+        assert_eq!(
+            misrouted("/events/x", "POST"),
+            (StatusCode::NOT_FOUND, None)
+        );
+        assert_eq!(
+            misrouted("/events", "GET"),
+            (StatusCode::METHOD_NOT_ALLOWED, Some("POST, OPTIONS"))
+        );
+        assert_eq!(
+            misrouted("/healthz", "POST"),
+            (StatusCode::METHOD_NOT_ALLOWED, Some("GET"))
+        );
+        assert_eq!(
+            misrouted("/readyz/", "DELETE"),
+            (StatusCode::METHOD_NOT_ALLOWED, Some("GET"))
+        );
+        assert_eq!(
+            misrouted("/events", "POST"),
+            (StatusCode::BAD_REQUEST, None),
+            "a served method on its path was refused for its headers"
+        );
+    }
 }

@@ -108,6 +108,14 @@ pub fn event_grid_claims() -> Value {
     })
 }
 
+/// How the issuer's key endpoint answers: each fetch waits `delay`, then
+/// is answered `status` (200: the keys).
+#[derive(Clone, Copy)]
+struct Outage {
+    status: u16,
+    delay: std::time::Duration,
+}
+
 /// A local issuer: the tenant's JWKS document served on loopback at
 /// `/{TENANT}/discovery/v2.0/keys`, with the keys it publishes changeable
 /// (a key roll) and its fetches counted.
@@ -116,6 +124,8 @@ pub struct Issuer {
     pub key: SigningKey,
     published: Arc<Mutex<Vec<Value>>>,
     fetches: Arc<AtomicUsize>,
+    outage: Arc<Mutex<Outage>>,
+    issuers: Arc<Mutex<[String; 2]>>,
     _dir: tempfile::TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -127,19 +137,60 @@ impl Issuer {
         let key = SigningKey::new("key-1", dir.path());
         let published = Arc::new(Mutex::new(vec![key.jwk.clone()]));
         let fetches = Arc::new(AtomicUsize::new(0));
+        let outage = Arc::new(Mutex::new(Outage {
+            status: 200,
+            delay: std::time::Duration::ZERO,
+        }));
+        // The tenant's OpenID configuration documents (v1, v2): what the
+        // webhook reads its tokens' issuers from; the public cloud's unless
+        // a test says otherwise.
+        let issuers = Arc::new(Mutex::new([
+            format!("https://sts.windows.net/{TENANT}/"),
+            format!("https://login.microsoftonline.com/{TENANT}/v2.0"),
+        ]));
+        let configuration = {
+            let issuers = Arc::clone(&issuers);
+            let outage = Arc::clone(&outage);
+            warp::get()
+                .and(warp::path::param::<String>())
+                .and(
+                    warp::path!(".well-known" / "openid-configuration")
+                        .map(|| 0)
+                        .or(warp::path!("v2.0" / ".well-known" / "openid-configuration").map(|| 1))
+                        .unify(),
+                )
+                .map(move |tenant: String, version: usize| {
+                    assert_eq!(tenant, TENANT, "configuration asked for another tenant");
+                    let issuer = issuers.lock().unwrap()[version].clone();
+                    let status = outage.lock().unwrap().status;
+                    let status = warp::http::StatusCode::from_u16(status).unwrap();
+                    warp::reply::with_status(
+                        warp::reply::json(&json!({ "issuer": issuer })),
+                        status,
+                    )
+                })
+        };
         let keys = {
             let published = Arc::clone(&published);
             let fetches = Arc::clone(&fetches);
+            let outage = Arc::clone(&outage);
             warp::get()
                 .and(warp::path!(String / "discovery" / "v2.0" / "keys"))
-                .map(move |tenant: String| {
+                .then(move |tenant: String| {
                     fetches.fetch_add(1, Ordering::SeqCst);
                     assert_eq!(tenant, TENANT, "keys asked for another tenant");
-                    warp::reply::json(&json!({ "keys": *published.lock().unwrap() }))
+                    let keys = json!({ "keys": *published.lock().unwrap() });
+                    let Outage { status, delay } = *outage.lock().unwrap();
+                    async move {
+                        tokio::time::sleep(delay).await;
+                        let status = warp::http::StatusCode::from_u16(status).unwrap();
+                        warp::reply::with_status(warp::reply::json(&keys), status)
+                    }
                 })
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let (addr, server) = warp::serve(keys).bind_with_graceful_shutdown(addr, async move {
+        let routes = keys.or(configuration);
+        let (addr, server) = warp::serve(routes).bind_with_graceful_shutdown(addr, async move {
             let _ = rx.await;
         });
         tokio::spawn(server);
@@ -148,6 +199,8 @@ impl Issuer {
             key,
             published,
             fetches,
+            outage,
+            issuers,
             _dir: dir,
             stop: Some(tx),
         }
@@ -179,6 +232,18 @@ impl Issuer {
     /// Publish these keys from now on (a key roll).
     pub fn publish(&self, keys: &[&SigningKey]) {
         *self.published.lock().unwrap() = keys.iter().map(|k| k.jwk.clone()).collect();
+    }
+
+    /// From now on every fetch of the keys waits `delay`, then is answered
+    /// `status` (200 with the keys: the endpoint is back).
+    pub fn answer_keys(&self, status: u16, delay: std::time::Duration) {
+        *self.outage.lock().unwrap() = Outage { status, delay };
+    }
+
+    /// Publish these issuers (v1, v2) in the OpenID configuration from
+    /// now on (a sovereign cloud's).
+    pub fn set_issuers(&self, v1: &str, v2: &str) {
+        *self.issuers.lock().unwrap() = [v1.to_string(), v2.to_string()];
     }
 
     /// How many times the keys were fetched.
@@ -292,4 +357,86 @@ pub fn validation_event(code: &str) -> Value {
         "metadataVersion": "1",
         "dataVersion": "2"
     }])
+}
+
+/// The drain on SIGTERM as Event Grid meets it, on a webhook at `base`
+/// (its `port`) started with `SHUTDOWN_GRACE_SECONDS` of a few seconds;
+/// `terminate` sends the signal, `fresh` makes a delivery of a new order.
+/// A delivery in flight (its body held back) keeps it from ending early.
+/// Readiness fails at once; new deliveries are still taken (200,
+/// executed) until the last stretch of the grace, then answered 503; the
+/// delivery in flight is finished and answered. The caller then sees the
+/// process end.
+pub async fn drain_as_event_grid_meets_it(
+    base: &str,
+    port: u16,
+    token: &str,
+    fresh: impl Fn() -> Value,
+    terminate: impl FnOnce(),
+) {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = serde_json::to_vec(&fresh()).unwrap();
+    let mut held = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\naeg-event-type: Notification\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    held.write_all(head.as_bytes()).await.unwrap();
+    held.write_all(&body[..10]).await.unwrap();
+    let alive = |key: &'static str, want: Value| async move {
+        let started = Instant::now();
+        loop {
+            let alive = webhook_request("GET", &format!("{base}/healthz"), &[], Vec::new()).await;
+            if alive.body[key] == want {
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no {key} = {want}: {}",
+                alive.body
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    // The webhook counts the delivery once it reads the body.
+    alive("inFlight", json!(1)).await;
+    terminate();
+    alive("draining", json!(true)).await;
+    let ready = webhook_request("GET", &format!("{base}/readyz"), &[], Vec::new()).await;
+    assert_eq!(ready.status, 503, "not ready from the signal on");
+    // Deliveries the ingress still routes here are taken...
+    let taken = deliver(base, Some(token), &fresh()).await;
+    assert_eq!(
+        (taken.status, outcomes(&taken)),
+        (200, vec!["executed".to_string()]),
+        "{}",
+        taken.body
+    );
+    // ...until the last stretch of the grace, which answers 503.
+    let started = Instant::now();
+    loop {
+        let answer = deliver(base, Some(token), &fresh()).await;
+        if answer.status == 503 {
+            assert_eq!(answer.body, json!({ "error": "shutting down" }));
+            break;
+        }
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "deliveries never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The delivery in flight is finished and answered.
+    held.write_all(&body[10..]).await.unwrap();
+    let mut answer = Vec::new();
+    held.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("\"executed\""),
+        "{answer}"
+    );
 }

@@ -381,6 +381,12 @@ impl OrderStore for SqliteStore {
         "sqlite"
     }
 
+    /// One commit's group: the writer serves that many calls together;
+    /// more would only queue (and past its queue, be refused).
+    fn parallelism(&self) -> usize {
+        writer::MAX_GROUP
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         self.with(schema::migrate).await
     }

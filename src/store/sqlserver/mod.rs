@@ -501,6 +501,12 @@ impl OrderStore for SqlServerStore {
         "sqlserver"
     }
 
+    /// Twice the pool: each event holds a connection only for its store
+    /// calls, and spends the rest on the guard.
+    fn parallelism(&self) -> usize {
+        self.pool_size as usize * 2
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         // A start's bound: waiting for another process's migration counts.
         self.migrate_within(
