@@ -2,8 +2,9 @@
 //! Functions container runs without Core Tools (the platform's own
 //! variables, no `REDIS_URL`, no `SQL_CONNECTION_STRING`): it refuses to
 //! start on the embedded state, naming the missing setting and where it
-//! runs, before it listens. Under Core Tools it starts on that state, even
-//! where a plan's variable (`CONTAINER_NAME`) is set too.
+//! runs, before it listens; so it does in a Kubernetes pod with no
+//! Functions host. Under Core Tools it starts on that state, even where a
+//! plan's variable (`CONTAINER_NAME`) is set too.
 
 mod common;
 
@@ -182,5 +183,25 @@ fn under_core_tools_in_a_container_serve_starts_on_the_embedded_state() {
         started,
         Serve::Listened,
         "serve did not start under Core Tools with CONTAINER_NAME set"
+    );
+}
+
+/// A Kubernetes pod without a Functions host (`serve` run as a pod's
+/// command): the kubelet's `KUBERNETES_SERVICE_HOST` says several replicas
+/// may run.
+#[test]
+fn serve_refuses_the_embedded_state_in_a_kubernetes_pod_without_a_functions_host() {
+    let Serve::Exited(code, stderr) = serve(
+        &[("KUBERNETES_SERVICE_HOST", "10.0.0.1")],
+        Duration::from_secs(20),
+    ) else {
+        panic!("serve did not refuse the embedded state in a pod");
+    };
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("REDIS_URL: is not set")
+            && stderr.contains("KUBERNETES_SERVICE_HOST=10.0.0.1: a Kubernetes pod")
+            && stderr.contains("ORDER_GUARD_ALLOW_EMBEDDED_STATE=true"),
+        "{stderr}"
     );
 }
