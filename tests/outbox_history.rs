@@ -36,6 +36,17 @@ async fn execute_all(store: &Arc<dyn OrderStore>, orders: &[Order]) {
 /// `order-guard ARGS` on this file, sending (when a queue is named) to
 /// Azurite's `queue`, run to its end.
 fn cli(dir: &Path, azurite: &Azurite, queue: &str, args: &[&str]) -> std::process::Output {
+    cli_with(dir, azurite, queue, args, &[])
+}
+
+/// [`cli`] with settings of the operator's shell besides.
+fn cli_with(
+    dir: &Path,
+    azurite: &Azurite,
+    queue: &str,
+    args: &[&str],
+    settings: &[(&str, &str)],
+) -> std::process::Output {
     std::process::Command::new(common::handler_binary())
         .args(args)
         .env(
@@ -48,6 +59,7 @@ fn cli(dir: &Path, azurite: &Azurite, queue: &str, args: &[&str]) -> std::proces
         .env_remove("REDIS_URL")
         .env_remove("OUTBOX_TOPIC_ENDPOINT")
         .env_remove("FUNCTIONS_CUSTOMHANDLER_PORT")
+        .envs(settings.iter().copied())
         .output()
         .unwrap()
 }
@@ -321,20 +333,13 @@ async fn backfill_never_reaches_back_to_what_the_store_purged_whatever_the_shell
     // The operator's shell keeps a year, production a week: the store's
     // watermark decides.
     let backfill = |since: &str| {
-        std::process::Command::new(common::handler_binary())
-            .args(["outbox", "backfill", "--since", since, "--yes"])
-            .env(
-                "SQL_CONNECTION_STRING",
-                format!("sqlite:{}", dir.path().join("orders.db").display()),
-            )
-            .env("OUTBOX_STORAGE", azurite.queue_connection_string())
-            .env("OUTBOX_QUEUE", "backfilled")
-            .env("OUTBOX_RETENTION_HOURS", "8760")
-            .env_remove("REDIS_URL")
-            .env_remove("OUTBOX_TOPIC_ENDPOINT")
-            .env_remove("FUNCTIONS_CUSTOMHANDLER_PORT")
-            .output()
-            .unwrap()
+        cli_with(
+            dir.path(),
+            &azurite,
+            "backfilled",
+            &["outbox", "backfill", "--since", since, "--yes"],
+            &[("OUTBOX_RETENTION_HOURS", "8760")],
+        )
     };
     let out = backfill("5h");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));

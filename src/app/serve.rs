@@ -4,7 +4,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use super::build::{build_processor_as, describe, start_telemetry, Built, Start};
+use super::build::{describe, Built};
 use super::dead_letters::dead_letter_container;
 use super::shutdown::{finish, Stop};
 use crate::config::Config;
@@ -12,22 +12,17 @@ use crate::config::Config;
 /// `serve`: listen on 127.0.0.1:$FUNCTIONS_CUSTOMHANDLER_PORT until SIGTERM/SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let stop = Stop::listen();
-    let telemetry = start_telemetry(&config)?;
-    let Some(built) = stop
-        .unless_stopped(build_processor_as(
-            &config,
-            telemetry.as_ref(),
-            Start::Serve,
-        ))
-        .await
+    let Some((
+        telemetry,
+        Built {
+            processor,
+            background,
+            dispatcher,
+        },
+    )) = stop.build_serving(&config).await?
     else {
-        return finish(telemetry, None).await;
+        return Ok(());
     };
-    let Built {
-        processor,
-        background,
-        dispatcher,
-    } = built?;
     let (stop, gave_up) = stop.or_given_up(background);
     let container = match &config.dead_letter {
         Some(_) => Some(dead_letter_container(&config)?),

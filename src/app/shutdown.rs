@@ -10,7 +10,8 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use super::build::GiveUp;
+use super::build::{build_processor_as, start_telemetry, Built, GiveUp, Start};
+use crate::config::Config;
 use crate::telemetry::Telemetry;
 
 /// SIGTERM and SIGINT, listened for since [`Stop::listen`].
@@ -59,6 +60,24 @@ impl Stop {
                 None
             }
             done = start => Some(done),
+        }
+    }
+
+    /// The telemetry and the processor `serve` and `webhook` run, built
+    /// unless a stop signal comes first: `None` then, once the start has
+    /// ended as [`finish`] ends it.
+    pub(super) async fn build_serving(
+        &self,
+        config: &Config,
+    ) -> anyhow::Result<Option<(Option<Telemetry>, Built)>> {
+        let telemetry = start_telemetry(config)?;
+        let building = build_processor_as(config, telemetry.as_ref(), Start::Serve);
+        match self.unless_stopped(building).await {
+            None => {
+                finish(telemetry, None).await?;
+                Ok(None)
+            }
+            Some(built) => Ok(Some((telemetry, built?))),
         }
     }
 

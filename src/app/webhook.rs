@@ -5,7 +5,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use super::build::{build_processor_as, describe, start_telemetry, Built, Start};
+use super::build::{describe, Built};
 use super::shutdown::{finish, Stop};
 use crate::config::Config;
 use crate::webhook::auth::Verifier;
@@ -25,22 +25,17 @@ pub async fn webhook(config: Config) -> anyhow::Result<()> {
             None
         }
     };
-    let telemetry = start_telemetry(&config)?;
-    let Some(built) = stop
-        .unless_stopped(build_processor_as(
-            &config,
-            telemetry.as_ref(),
-            Start::Serve,
-        ))
-        .await
+    let Some((
+        telemetry,
+        Built {
+            processor,
+            background,
+            dispatcher: _dispatcher,
+        },
+    )) = stop.build_serving(&config).await?
     else {
-        return finish(telemetry, None).await;
+        return Ok(());
     };
-    let Built {
-        processor,
-        background,
-        dispatcher: _dispatcher,
-    } = built?;
     let (stop, gave_up) = stop.or_given_up(background);
     let door = Arc::new(Door::new(processor, verifier, config.limits));
     let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, settings.port));

@@ -38,11 +38,7 @@ impl Ingestion {
             .and(warp::header::exact("content-encoding", "gzip"))
             .and(warp::body::bytes())
             .map(move |body: bytes::Bytes| {
-                let mut text = String::new();
-                flate2::read::GzDecoder::new(&body[..])
-                    .read_to_string(&mut text)
-                    .expect("a gzipped body");
-                let items: Vec<Value> = serde_json::from_str(&text).expect("a JSON array");
+                let items = uploaded(&body);
                 let n = items.len();
                 kept.lock().unwrap().extend(items);
                 warp::reply::json(&json!({"itemsReceived": n, "itemsAccepted": n, "errors": []}))
@@ -64,6 +60,16 @@ impl Ingestion {
             .cloned()
             .collect()
     }
+}
+
+/// The envelopes of one upload: a gzipped JSON array, as the ingestion
+/// API takes it.
+pub(super) fn uploaded(body: &[u8]) -> Vec<Value> {
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(body)
+        .read_to_string(&mut text)
+        .expect("a gzipped body");
+    serde_json::from_str(&text).expect("a JSON array")
 }
 
 /// reqwest's blocking client, sending what the exporter asks for over

@@ -9,7 +9,6 @@
 //! `app_insights.rs`.
 
 use std::collections::BTreeSet;
-use std::io::Read;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -20,7 +19,7 @@ use serde_json::{json, Value};
 use warp::http::StatusCode;
 use warp::Filter;
 
-use super::app_insights::plain_http;
+use super::app_insights::{plain_http, uploaded};
 use super::{common, event, order};
 use common::identity::{identity_endpoint, IdentityEnv, HEADER_SECRET};
 
@@ -68,11 +67,7 @@ impl EntraIngestion {
                             status,
                         );
                     }
-                    let mut text = String::new();
-                    flate2::read::GzDecoder::new(&body[..])
-                        .read_to_string(&mut text)
-                        .expect("a gzipped body");
-                    let items: Vec<Value> = serde_json::from_str(&text).expect("a JSON array");
+                    let items = uploaded(&body);
                     let n = items.len();
                     let token = bearer.unwrap();
                     seen.accepted
