@@ -269,9 +269,11 @@ async fn a_user_without_the_role_is_refused_at_start_naming_each_missing_right()
                 "DELETE on dbo.Outbox",
                 "INSERT on dbo.OutboxPurge",
                 "UPDATE on dbo.OutboxPurge",
+                "INSERT on dbo.OutboxEpoch",
+                "DELETE on dbo.OutboxEpoch",
             ];
             assert!(m.contains(&missing.join(", ")), "{m}");
-            assert!(m.contains("lacks 10 right(s)"), "{m}");
+            assert!(m.contains("lacks 12 right(s)"), "{m}");
             assert!(!m.contains("SELECT on"), "it has those: {m}");
             assert!(
                 m.contains("ALTER ROLE order_guard_app ADD MEMBER [og_partial];"),
@@ -383,7 +385,7 @@ async fn an_older_schema_the_user_cannot_migrate_says_to_run_migrate_as_the_admi
         "GRANT SELECT, INSERT, UPDATE ON SCHEMA::dbo TO og_v2app",
     )
     .await;
-    let want = "the schema is at version 2, this build needs version 5: run `order-guard migrate` \
+    let want = "the schema is at version 2, this build needs version 6: run `order-guard migrate` \
                 as the database admin (docs/deploy.md step 4)";
     match store(&app).migrate().await {
         Err(StoreError::Unmigrated(m)) => assert!(m.starts_with(want), "{m}"),

@@ -125,6 +125,18 @@ CREATE TABLE IF NOT EXISTS OutboxPurge (
     ExecutedThrough TEXT NOT NULL
 );
 
+-- The outbox's epochs: each the milliseconds since 1970 when a writer
+-- raised it (or one past the newest), with the first Seq it covers. A
+-- row's epoch is the newest raised at or below its Seq. Each process
+-- raises one before the first row it writes, so a file restored from a
+-- backup (which numbers again from the backup's point) numbers under a
+-- higher epoch than the history it lost (src/store/announcement.rs,
+-- `next_epoch`). The purge deletes the epochs no kept row needs.
+CREATE TABLE IF NOT EXISTS OutboxEpoch (
+    Epoch    INTEGER PRIMARY KEY,
+    FirstSeq INTEGER NOT NULL
+);
+
 INSERT OR IGNORE INTO SchemaVersion (Version, AppliedAt)
 VALUES (1, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));
 INSERT OR IGNORE INTO SchemaVersion (Version, AppliedAt)

@@ -226,6 +226,23 @@ IF OBJECT_ID(N'dbo.OutboxPurge', N'U') IS NULL
     );
 GO
 
+-- The outbox's epochs (version 6): each the milliseconds since 1970 when a
+-- connection raised it (or one past the newest), with the first Seq it
+-- covers; a row's epoch is the newest raised at or below its Seq. Every
+-- connection the app opens raises one before anyone uses it
+-- (`sql::RAISE_EPOCH`), so a database restored, copied or failed over with
+-- data loss (which numbers again from an earlier point, and which every
+-- connection must reach anew) numbers under a higher epoch than the
+-- history it lost (src/store/announcement.rs, `next_epoch`). The purge
+-- deletes the epochs no kept row needs.
+IF OBJECT_ID(N'dbo.OutboxEpoch', N'U') IS NULL
+    CREATE TABLE dbo.OutboxEpoch (
+        Epoch    BIGINT NOT NULL,
+        FirstSeq BIGINT NOT NULL,
+        CONSTRAINT PK_OutboxEpoch PRIMARY KEY (Epoch)
+    );
+GO
+
 -- The application's rights: a role of our own (Babelfish has no
 -- db_datareader / db_datawriter, and those grant no EXECUTE), granted
 -- exactly what `serve`, `replay`, the dead-letter sweep and `status` need;
@@ -249,6 +266,7 @@ GRANT SELECT, INSERT, UPDATE ON dbo.Positions TO order_guard_app;
 GRANT SELECT, INSERT, UPDATE ON dbo.RejectedEvents TO order_guard_app;
 GRANT SELECT, INSERT, UPDATE, DELETE ON dbo.Outbox TO order_guard_app;
 GRANT SELECT, INSERT, UPDATE ON dbo.OutboxPurge TO order_guard_app;
+GRANT SELECT, INSERT, DELETE ON dbo.OutboxEpoch TO order_guard_app;
 GO
 
 -- order-guard: rows are rewritten here
@@ -275,7 +293,9 @@ GO
 -- version 3 still running during a rolling upgrade check for it, and go on
 -- with their own procedure (`_v1`, left in place), unannounced. Version 5:
 -- the purge's watermark; version 4's instances go on purging without
--- raising it until they are replaced.
+-- raising it until they are replaced. Version 6: the outbox's epochs, the
+-- first raised here; version 5's instances number rows without raising
+-- one until they are replaced (their rows take the epoch in force).
 IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 3)
     INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (3, SYSUTCDATETIME());
 GO
@@ -286,4 +306,14 @@ GO
 
 IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 5)
     INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (5, SYSUTCDATETIME());
+GO
+
+IF NOT EXISTS (SELECT 1 FROM dbo.OutboxEpoch)
+    INSERT INTO dbo.OutboxEpoch (Epoch, FirstSeq)
+    SELECT DATEDIFF_BIG(MILLISECOND, '19700101', SYSUTCDATETIME()),
+           (SELECT ISNULL(MAX(Seq), 0) FROM dbo.Outbox) + 1;
+GO
+
+IF NOT EXISTS (SELECT 1 FROM dbo.SchemaVersion WHERE Version = 6)
+    INSERT INTO dbo.SchemaVersion (Version, AppliedAt) VALUES (6, SYSUTCDATETIME());
 GO

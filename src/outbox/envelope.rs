@@ -79,12 +79,19 @@ impl fmt::Display for Joined<'_> {
 
 /// The facts a consumer acts on. `sequence` is the row's place in this
 /// store's outbox: one position's orders execute one at a time (its row is
-/// locked), so within an account and symbol it grows with execution order,
-/// the order key a consumer needs (arrival order is not one).
+/// locked), so within an account and symbol it grows with execution order.
+/// `epoch` is the store's epoch for that number (`store::next_epoch`): a
+/// database restored, copied or failed over numbers again under a higher
+/// one. `(epoch, sequence)` is the order key a consumer needs (arrival
+/// order is not one). A row numbered before the store kept epochs has
+/// none, and its event no `epoch` field: the bytes an earlier version sent
+/// for it (a consumer reads a missing epoch as 0).
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Data<'a> {
     account_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    epoch: Option<i64>,
     executed_at: &'a str,
     fingerprint: &'a str,
     order_id: &'a str,
@@ -98,6 +105,7 @@ pub struct Data<'a> {
 pub fn data(a: &Announcement) -> Data<'_> {
     Data {
         account_id: &a.account_id,
+        epoch: a.epoch,
         executed_at: &a.executed_at,
         fingerprint: &a.fingerprint,
         order_id: &a.order_id,
@@ -190,6 +198,7 @@ mod tests {
         Announcement {
             message_id: crate::store::message_id("ORD-1"),
             seq: 7,
+            epoch: Some(1_796_617_421_598),
             kind: crate::store::ORDER_EXECUTED.into(),
             order_id: "ORD-1".into(),
             account_id: "ACC-9".into(),
@@ -220,7 +229,7 @@ mod tests {
                 "time": "2026-12-02T08:00:00.123Z",
                 "datacontenttype": "application/json",
                 "data": {
-                    "sequence": 7,
+                    "sequence": 7, "epoch": 1_796_617_421_598_i64,
                     "orderId": "ORD-1", "accountId": "ACC-9", "side": "sell", "symbol": "MSFT",
                     "quantity": "10.5", "positionAfter": "-0.0000000001",
                     "executedAt": "2026-12-02T08:00:00.123Z", "fingerprint": "v2:abc"
@@ -290,8 +299,11 @@ mod tests {
         .to_string()
     }
 
+    /// Earlier versions' data, with this version's `epoch` when the row
+    /// has one: a `Value`'s keys in byte order, where the typed event must
+    /// write it too.
     fn earlier_data(a: &Announcement) -> Value {
-        json!({
+        let mut data = json!({
             "sequence": a.seq,
             "orderId": a.order_id,
             "accountId": a.account_id,
@@ -301,11 +313,21 @@ mod tests {
             "positionAfter": a.position_after.to_string(),
             "executedAt": a.executed_at,
             "fingerprint": a.fingerprint,
-        })
+        });
+        if let Some(epoch) = a.epoch {
+            data["epoch"] = json!(epoch);
+        }
+        data
     }
 
+    /// A row numbered before the store kept epochs is sent as earlier
+    /// versions sent it, byte for byte; one with an epoch carries it in
+    /// its place among the keys in byte order.
     #[test]
     fn the_bytes_are_those_earlier_versions_sent() {
+        let mut before_epochs = row();
+        before_epochs.epoch = None;
+        assert!(!to_text(&cloud_event(&Naming::default(), &before_epochs)).contains("epoch"));
         let mut odd = row();
         // Text that JSON escapes, and text it does not.
         odd.order_id = "ORD \"1\"\\\n\u{1}é😀".into();
@@ -316,7 +338,11 @@ mod tests {
             type_prefix: "Contoso \"Trading\"".into(),
             source: "/a/b?c=d".into(),
         };
-        for (naming, a) in [(Naming::default(), row()), (naming, odd)] {
+        for (naming, a) in [
+            (Naming::default(), row()),
+            (Naming::default(), before_epochs),
+            (naming, odd),
+        ] {
             assert_eq!(
                 to_text(&cloud_event(&naming, &a)),
                 earlier_cloud_event(&naming, &a)

@@ -38,6 +38,31 @@ pub fn message_id(order_id: &str) -> String {
         .to_string()
 }
 
+/// The epoch a raise opens: the time now in milliseconds since 1970 (UTC),
+/// or one past the newest epoch when the clock is not past it (two raises
+/// in one millisecond, a clock behind another's), so epochs only grow.
+///
+/// Why epochs: a row's `seq` never goes back while the database keeps its
+/// history, but a database restored to an earlier point, copied, or failed
+/// over with data loss numbers again from that point: numbers already
+/// announced are handed out once more, to other executions. Whatever
+/// brings such a database into use breaks every connection to it, so each
+/// writer raises the epoch before it numbers anything on a connection (on
+/// SQL Server every connection the pool opens, before anyone uses it; on
+/// SQLite each process, before its first row), and a row's epoch is the
+/// newest raised before its number (`OutboxEpoch`: each epoch with the
+/// first `seq` it covers). A raise after a restore is later, by the clock,
+/// than every raise the lost history made, so every number handed out
+/// again carries a higher epoch than its first use: `(epoch, seq)` never
+/// goes back, and within one history it orders rows as `seq` does. A
+/// raise where nothing was lost costs a consumer nothing. Pure.
+pub fn next_epoch(now_millis: i64, newest: Option<i64>) -> i64 {
+    match newest {
+        Some(newest) if newest >= now_millis => newest + 1,
+        _ => now_millis,
+    }
+}
+
 /// An outbox row as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Announcement {
@@ -45,6 +70,10 @@ pub struct Announcement {
     pub message_id: String,
     /// Insertion order in this store (the order claims follow).
     pub seq: i64,
+    /// The store's epoch for this row's `seq` (see [`epoch`]): the newest
+    /// epoch raised before the row was numbered. `None` for a row numbered
+    /// before the store kept epochs (an earlier version's).
+    pub epoch: Option<i64>,
     /// [`ORDER_EXECUTED`].
     pub kind: String,
     pub order_id: String,
@@ -77,6 +106,7 @@ impl Announcement {
         Announcement {
             message_id: message_id(order_id),
             seq: 1,
+            epoch: Some(1),
             kind: ORDER_EXECUTED.into(),
             order_id: order_id.into(),
             account_id: "a".into(),
@@ -221,6 +251,26 @@ mod tests {
     /// `message_id("ORD-1")`, as Python's `uuid.uuid5` computes it: it must
     /// never change.
     const PINNED_ORD_1: &str = "eec40ef8-f4e4-53b0-b4e0-bffbccde185c";
+
+    #[test]
+    fn an_epoch_is_the_clock_unless_the_newest_is_not_behind_it() {
+        assert_eq!(next_epoch(1_000, None), 1_000, "the first: the clock");
+        assert_eq!(
+            next_epoch(1_000, Some(999)),
+            1_000,
+            "the clock past the newest"
+        );
+        assert_eq!(
+            next_epoch(1_000, Some(1_000)),
+            1_001,
+            "two in one millisecond"
+        );
+        assert_eq!(
+            next_epoch(1_000, Some(5_000)),
+            5_001,
+            "a clock behind the newest"
+        );
+    }
 
     #[test]
     fn positions_after_walk_back_from_now_through_each_execution() {

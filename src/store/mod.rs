@@ -38,8 +38,8 @@ use crate::order::{
 use crate::position::{Overflow, Position};
 
 pub use self::announcement::{
-    message_id, positions_after, Announcement, Birth, Claim, Deferral, Expired, Handoff, Listing,
-    OutboxCounts, Resend, ORDER_EXECUTED,
+    message_id, next_epoch, positions_after, Announcement, Birth, Claim, Deferral, Expired,
+    Handoff, Listing, OutboxCounts, Resend, ORDER_EXECUTED,
 };
 pub use self::sqlite::{
     Pressure, SqliteStore, MAX_GROUP as SQLITE_MAX_GROUP, MAX_QUEUED as SQLITE_MAX_QUEUED,

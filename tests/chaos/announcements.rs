@@ -117,6 +117,8 @@ pub(crate) fn audit_announcements(tables: &Tables, texts: &[String]) -> Announce
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Sequenced {
     pub(crate) id: String,
+    /// `data.epoch` (0 when absent, as docs/outbox.md tells a consumer).
+    pub(crate) epoch: i64,
     pub(crate) sequence: i64,
     pub(crate) account: String,
     pub(crate) symbol: String,
@@ -141,6 +143,12 @@ impl Sequenced {
         let quantity = number("quantity")?;
         Ok(Sequenced {
             id: id.to_string(),
+            epoch: match &d["epoch"] {
+                Value::Null => 0,
+                e => e
+                    .as_i64()
+                    .ok_or_else(|| format!("announcement {id}: epoch {e} is not an integer"))?,
+            },
             sequence: d["sequence"]
                 .as_i64()
                 .ok_or_else(|| format!("announcement {id}: no sequence: {d}"))?,
@@ -156,24 +164,24 @@ impl Sequenced {
     }
 }
 
-/// What the outbox promises of `data.sequence` (docs/outbox.md, "Order"
-/// and "The sequence never goes back"), checked over every distinct
-/// announcement delivered (one per id: copies of an id are the same bytes,
-/// checked apart): no two ids share a sequence; and one position's
-/// announcements in sequence order are its executions in the order they
-/// ran, each position after the one before plus its change, from zero
-/// (a run's positions start empty). Delivery order is not checked: packs
-/// go several at a time, and a deferred or re-sent row arrives after
-/// later ones, as the docs say; a consumer orders by the sequence. Pure.
+/// What the outbox promises of `(data.epoch, data.sequence)`
+/// (docs/outbox.md, "Order"), checked over every distinct announcement
+/// delivered (one per id: copies of an id are the same bytes, checked
+/// apart): no two ids share one; and one position's announcements in that
+/// order are its executions in the order they ran, each position after
+/// the one before plus its change, from zero (a run's positions start
+/// empty). Delivery order is not checked: packs go several at a time, and
+/// a deferred or re-sent row arrives after later ones, as the docs say; a
+/// consumer orders by the pair. Pure.
 pub(crate) fn sequence_findings(announced: &[Sequenced]) -> Vec<String> {
     let mut findings = Vec::new();
-    let mut by_sequence: BTreeMap<i64, &str> = BTreeMap::new();
+    let mut by_sequence: BTreeMap<(i64, i64), &str> = BTreeMap::new();
     for a in announced {
-        if let Some(other) = by_sequence.insert(a.sequence, &a.id) {
+        if let Some(other) = by_sequence.insert((a.epoch, a.sequence), &a.id) {
             if other != a.id {
                 findings.push(format!(
-                    "sequence {} names two announcements: {other} and {}",
-                    a.sequence, a.id
+                    "epoch {} sequence {} names two announcements: {other} and {}",
+                    a.epoch, a.sequence, a.id
                 ));
             }
         }
@@ -186,14 +194,14 @@ pub(crate) fn sequence_findings(announced: &[Sequenced]) -> Vec<String> {
             .push(a);
     }
     for ((account, symbol), mut rows) in positions {
-        rows.sort_by_key(|a| a.sequence);
+        rows.sort_by_key(|a| (a.epoch, a.sequence));
         let mut position = Decimal::ZERO;
         for a in rows {
             position += a.change;
             if a.position_after != position {
                 findings.push(format!(
-                    "position {account}/{symbol}: announcement {} (sequence {}) says {} after it, its executions in sequence order make {position}: the sequence is not the execution order",
-                    a.id, a.sequence, a.position_after
+                    "position {account}/{symbol}: announcement {} (epoch {} sequence {}) says {} after it, its executions in that order make {position}: the order is not the execution order",
+                    a.id, a.epoch, a.sequence, a.position_after
                 ));
                 position = a.position_after;
             }
@@ -315,6 +323,7 @@ mod tests {
     fn row(id: &str, sequence: i64, symbol: &str, change: &str, after: &str) -> Sequenced {
         Sequenced {
             id: id.into(),
+            epoch: 1,
             sequence,
             account: "A".into(),
             symbol: symbol.into(),
@@ -352,7 +361,9 @@ mod tests {
         reused[3].sequence = 2; // a3 takes b1's number
         let found = sequence_findings(&reused);
         assert!(
-            found.iter().any(|f| f.contains("sequence 2 names two")),
+            found
+                .iter()
+                .any(|f| f.contains("epoch 1 sequence 2 names two")),
             "{found:?}"
         );
         let mut swapped = history();
@@ -363,6 +374,19 @@ mod tests {
             found
                 .iter()
                 .any(|f| f.contains("position A/A") && f.contains("not the execution order")),
+            "{found:?}"
+        );
+        // A later epoch's numbers come after every earlier epoch's, however
+        // low: a3 numbered again from 1 after a restore is still last.
+        let mut restarted = history();
+        restarted[3].epoch = 2;
+        restarted[3].sequence = 1;
+        assert_eq!(sequence_findings(&restarted), Vec::<String>::new());
+        let mut behind = history();
+        behind[4].epoch = 2; // a2 under a later epoch than a3, which ran after it
+        let found = sequence_findings(&behind);
+        assert!(
+            found.iter().any(|f| f.contains("not the execution order")),
             "{found:?}"
         );
     }

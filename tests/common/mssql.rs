@@ -264,6 +264,12 @@ impl OwnEngine {
         }
     }
 
+    /// Where the engine keeps its state: its data files, copied while it is
+    /// stopped, are a backup of every database on it.
+    pub fn state(&self) -> std::path::PathBuf {
+        self.dir.path().join(self.port.to_string())
+    }
+
     /// `start --database DB` (prints the ADO.NET string, returned) or `stop`.
     pub fn command(&self, args: &[&str]) -> String {
         let out = Command::new(&self.tool)

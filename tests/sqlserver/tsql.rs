@@ -61,9 +61,16 @@ fn the_batches_keep_their_shape() {
             sql::PURGE_ANNOUNCED,
             sql::RETRY_ANNOUNCEMENTS,
             sql::RESEND_ANNOUNCEMENTS,
-            sql::BACKFILL_READ
+            sql::BACKFILL_READ,
+            sql::RAISE_EPOCH
         ]
     );
+    // Raises are one at a time, under a lock their transaction owns, read
+    // and never ignored: epochs grow with the sequences they cover.
+    assert!(sql::RAISE_EPOCH.contains("EXEC @Lock = sp_getapplock"));
+    assert!(sql::RAISE_EPOCH.contains("@LockOwner = N'Transaction'"));
+    assert!(sql::RAISE_EPOCH.contains("IF @Lock < 0 THROW"));
+    assert_eq!(sql::RAISE_EPOCH.matches("COMMIT TRANSACTION").count(), 1);
     // The purge's lock is read and owned by its transaction: a purge that
     // does not get it deletes nothing and holds nothing after it.
     assert!(sql::PURGE_ANNOUNCED.contains("EXEC @Lock = sp_getapplock"));
@@ -164,30 +171,34 @@ fn every_schema_batch_parses_as_tsql() {
     // SchemaVersion, Orders, its unique index, Positions, its Units column
     // and the old column renamed (version 2 → 3), RejectedEvents, two
     // indexes, StoreIdentity and its row, the app's role and its grants,
-    // the outbox and its four indexes, the purge's watermark, the execution
-    // procedure (dropped if there, created, granted); after the rows are
-    // converted, Units made NOT NULL and the old column dropped, the
-    // version rows 3, 4 and 5: a GO lost or added shows here.
-    assert_eq!(batches.len(), 26, "{batches:#?}");
+    // the outbox and its four indexes, the purge's watermark, the epochs,
+    // the execution procedure (dropped if there, created, granted); after
+    // the rows are converted, Units made NOT NULL and the old column
+    // dropped, the version rows 3, 4 and 5, the first epoch, the version
+    // row 6: a GO lost or added shows here.
+    assert_eq!(batches.len(), 29, "{batches:#?}");
     let migration = sql::migration();
-    assert_eq!(migration.setup.len(), 22);
+    assert_eq!(migration.setup.len(), 23);
     assert_eq!(
         migration.finish.len(),
-        4,
+        6,
         "the last transaction: {:#?}",
         migration.finish
     );
     assert!(
-        batches[25].contains("(5, SYSUTCDATETIME())"),
+        batches[28].contains("(6, SYSUTCDATETIME())"),
         "the version row is last"
     );
-    assert!(batches[24].contains("(4, SYSUTCDATETIME())"));
-    assert!(batches[23].contains("(3, SYSUTCDATETIME())"));
-    assert!(batches[22].contains("DROP COLUMN QuantityV2"));
+    assert!(batches[27].contains("INSERT INTO dbo.OutboxEpoch"));
+    assert!(batches[26].contains("(5, SYSUTCDATETIME())"));
+    assert!(batches[25].contains("(4, SYSUTCDATETIME())"));
+    assert!(batches[24].contains("(3, SYSUTCDATETIME())"));
+    assert!(batches[23].contains("DROP COLUMN QuantityV2"));
     assert!(batches[16].contains("CREATE TABLE dbo.OutboxPurge"));
+    assert!(batches[17].contains("CREATE TABLE dbo.OutboxEpoch"));
     let procedure = sql::execute_procedure_batches();
     assert_eq!(
-        [&*batches[19], &*batches[20], &*batches[21]],
+        [&*batches[20], &*batches[21], &*batches[22]],
         [
             procedure[0].as_str(),
             procedure[1].as_str(),
@@ -218,7 +229,7 @@ fn every_schema_batch_parses_as_tsql() {
         } else {
             1
         };
-        if i != 20 {
+        if i != 21 {
             parse_as(&format!("schema batch {i}"), batch, statements);
         }
     }

@@ -25,7 +25,7 @@
 
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -92,6 +92,11 @@ pub struct SqliteStore {
     /// Set once this process's dispatcher runs: executions' rows are born
     /// leased to it and handed over after their commit.
     handoff: OnceLock<Arc<Handoff>>,
+    /// Whether this process has raised the outbox's epoch in a commit
+    /// (`outbox::raise_epoch`): each process does before the first row it
+    /// writes, so a file restored from a backup while it was stopped
+    /// numbers under a higher epoch than the history it lost.
+    epoch_raised: Arc<AtomicBool>,
 }
 
 /// What a copy of the file cannot share with the original: its full path,
@@ -200,6 +205,7 @@ impl SqliteStore {
             path: path.to_path_buf(),
             busy_timeout,
             handoff: OnceLock::new(),
+            epoch_raised: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -409,6 +415,7 @@ impl OrderStore for SqliteStore {
         let (event_id, raw_event) = (event_id.to_string(), raw_event.to_string());
         let handoff = self.handoff.get().cloned();
         let born_to = handoff.clone();
+        let raised = self.epoch_raised.load(Ordering::Acquire);
         // One call, one savepoint (the writer's own, around every call: an
         // error rolls back all of it): the insert (or the row found), the
         // position and the status change commit together, in the writer's
@@ -523,6 +530,9 @@ impl OrderStore for SqliteStore {
             // leased to this process's dispatcher when it runs, its lease
             // timed from the call's instant both in the row and here.
             let born = born_to.as_ref().map(|h| instant_text(at + h.lease));
+            if !raised {
+                outbox::raise_epoch(conn)?;
+            }
             let row = outbox::announce(conn, &o, next, &now, born, fresh)?;
             let birth = row.zip(born_to).map(|(row, h)| Birth {
                 row,
@@ -531,6 +541,9 @@ impl OrderStore for SqliteStore {
             Ok((Execution::Executed, birth))
         })
         .await?;
+        if execution == Execution::Executed {
+            self.epoch_raised.store(true, Ordering::Release);
+        }
         // Committed: the dispatcher may send it now (never before: a group
         // whose commit fails answers an error, and hands nothing over).
         if let (Some(h), Some(birth)) = (&handoff, birth) {
@@ -664,8 +677,13 @@ impl OrderStore for SqliteStore {
     ) -> Result<u64, StoreError> {
         // The count only reads: on the read connection, off the writer.
         if write {
-            self.with(move |conn| outbox::backfill(conn, within, true))
-                .await
+            // A command's process: its epoch raised before the rows it
+            // writes, as `execute` does.
+            self.with(move |conn| {
+                outbox::raise_epoch(conn)?;
+                outbox::backfill(conn, within, true)
+            })
+            .await
         } else {
             self.read(move |conn| outbox::backfill(conn, within, false))
                 .await

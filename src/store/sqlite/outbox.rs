@@ -27,6 +27,35 @@ fn modifier(d: Duration, sign: char) -> String {
     format!("{sign}{}.{:03} seconds", d.as_secs(), d.subsec_millis())
 }
 
+/// Raise the outbox's epoch (`store::next_epoch`): a new one, covering
+/// every `Seq` from one past the highest kept (the purge keeps the highest
+/// row, so that is the next `Seq` SQLite hands out). What a process does
+/// once, before the first row it writes (`SqliteStore::execute` and
+/// `backfill`), inside that row's transaction; the writer's transaction
+/// (`BEGIN IMMEDIATE`) orders it with every other process's.
+pub(super) fn raise_epoch(conn: &Connection) -> Result<i64, rusqlite::Error> {
+    let newest: Option<i64> = conn
+        .prepare_cached("SELECT MAX(Epoch) FROM OutboxEpoch")?
+        .query_row([], |r| r.get(0))?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let epoch = crate::store::next_epoch(now, newest);
+    conn.prepare_cached(
+        "INSERT INTO OutboxEpoch (Epoch, FirstSeq)
+         SELECT ?1, COALESCE(MAX(Seq), 0) + 1 FROM Outbox",
+    )?
+    .execute([epoch])?;
+    Ok(epoch)
+}
+
+/// The epoch of the row numbered `seq`: the newest raised at or below it.
+/// (In [`COLUMNS`] the same, as a subquery.)
+fn epoch_of(conn: &Connection, seq: i64) -> Result<Option<i64>, rusqlite::Error> {
+    conn.prepare_cached("SELECT MAX(Epoch) FROM OutboxEpoch WHERE FirstSeq <= ?1")?
+        .query_row([seq], |r| r.get(0))
+}
+
 /// The announcement of an order this transaction just executed at `now`
 /// (the text the order's row holds): its `ExecutedAt` copied from that
 /// row, so the two agree. Born leased (`Some(until)`, the lease's end, for
@@ -89,9 +118,11 @@ pub(super) fn announce(
             .query_row([seq], |r| r.get(0))?;
         decimal(&text)?
     };
+    let epoch = epoch_of(conn, seq)?;
     Ok(Some(Announcement {
         message_id: id,
         seq,
+        epoch,
         kind: ORDER_EXECUTED.to_string(),
         order_id: o.order_id.clone(),
         account_id: o.account_id.clone(),
@@ -108,8 +139,11 @@ pub(super) fn announce(
     }))
 }
 
+/// The columns every read of rows takes, in [`row`]'s order, and the
+/// row's epoch ([`epoch_of`]).
 const COLUMNS: &str = "MessageId, Seq, Kind, OrderId, AccountId, Side, Symbol, Quantity, \
-     PositionAfter, ExecutedAt, Fingerprint, Attempts, LastError, Parked, DispatchedAt";
+     PositionAfter, ExecutedAt, Fingerprint, Attempts, LastError, Parked, DispatchedAt, \
+     (SELECT MAX(e.Epoch) FROM OutboxEpoch AS e WHERE e.FirstSeq <= Outbox.Seq)";
 
 fn row(r: &Row<'_>) -> Result<Announcement, rusqlite::Error> {
     Ok(Announcement {
@@ -128,6 +162,7 @@ fn row(r: &Row<'_>) -> Result<Announcement, rusqlite::Error> {
         last_error: r.get(12)?,
         parked: r.get::<_, i64>(13)? != 0,
         dispatched_at: r.get(14)?,
+        epoch: r.get(15)?,
     })
 }
 
@@ -291,8 +326,24 @@ pub(super) fn purge(
                 SET ExecutedThrough = max(ExecutedThrough, excluded.ExecutedThrough)",
         )?
         .execute([newest])?;
+        prune_epochs(conn)?;
     }
     Ok(gone.count.into())
+}
+
+/// The epochs no kept row needs deleted: those below the one covering the
+/// lowest `Seq` kept (every kept row's epoch is that one or later), and
+/// raised over an hour ago (a margin no transaction's row stays unwritten
+/// for). The newest always stays.
+fn prune_epochs(conn: &Connection) -> Result<usize, rusqlite::Error> {
+    conn.prepare_cached(
+        "DELETE FROM OutboxEpoch
+          WHERE Epoch < (SELECT MAX(Epoch) FROM OutboxEpoch
+                          WHERE FirstSeq <= (SELECT COALESCE(MIN(Seq), 9223372036854775807)
+                                               FROM Outbox))
+            AND Epoch < CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) - 3600000",
+    )?
+    .execute([])
 }
 
 /// What one of the purge's deletes took: how many rows, and the newest

@@ -379,7 +379,7 @@ mod tests {
         };
         assert!(
             m.starts_with(
-                "the schema is at version 2, this build needs version 5: run `order-guard \
+                "the schema is at version 2, this build needs version 6: run `order-guard \
                  migrate` as the database admin (docs/deploy.md step 4)"
             ),
             "{m}"

@@ -43,6 +43,7 @@ fn row(r: &Row) -> Result<Announcement, tiberius::error::Error> {
         last_error: opt_text(r, 12)?,
         parked: r.try_get::<i32, _>(13)?.unwrap_or(0) != 0,
         dispatched_at: utc(opt_text(r, 14)?),
+        epoch: r.try_get::<i64, _>(15)?,
     })
 }
 

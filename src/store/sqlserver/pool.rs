@@ -305,7 +305,13 @@ impl SqlConnectionManager {
                 let mut client = result.map_err(ConnectError::Sql)?;
                 heard();
                 let setup = async {
-                    for statement in [sql::SESSION_COUNT_ROWS, sql::SESSION_XACT_ABORT] {
+                    // The epoch's raise is no best effort: a connection
+                    // that cannot raise it numbers nothing (`sql::RAISE_EPOCH`).
+                    for statement in [
+                        sql::SESSION_COUNT_ROWS,
+                        sql::SESSION_XACT_ABORT,
+                        sql::RAISE_EPOCH,
+                    ] {
                         client.simple_query(statement).await?.into_results().await?;
                         heard();
                     }

@@ -175,7 +175,7 @@ pub const UNLOCK_SCHEMA: &str =
     "EXEC sp_releaseapplock @Resource = N'order-guard:schema', @LockOwner = N'Session'";
 
 /// The schema version this build writes (the last batch of [`SCHEMA`]).
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// `migrate`'s fast path, one round trip without locks: whether the
 /// current version's row is there (written last, in the migration's last
@@ -243,6 +243,9 @@ pub const APP_RIGHTS: &[(&str, &str)] = &[
     ("SELECT", "dbo.OutboxPurge"),
     ("INSERT", "dbo.OutboxPurge"),
     ("UPDATE", "dbo.OutboxPurge"),
+    ("SELECT", "dbo.OutboxEpoch"),
+    ("INSERT", "dbo.OutboxEpoch"),
+    ("DELETE", "dbo.OutboxEpoch"),
 ];
 
 /// The operator's read-only role: `migrate` makes it and grants it SELECT
@@ -261,6 +264,7 @@ pub const READER_TABLES: &[&str] = &[
     "dbo.RejectedEvents",
     "dbo.Outbox",
     "dbo.OutboxPurge",
+    "dbo.OutboxEpoch",
 ];
 
 /// 1 when [`READER_ROLE`] exists, else 0.
@@ -301,7 +305,8 @@ pub const MISSING_RIGHTS: &str = concat!(
     "(N'UPDATE', N'dbo.RejectedEvents'), ",
     "(N'SELECT', N'dbo.Outbox'), (N'INSERT', N'dbo.Outbox'), (N'UPDATE', N'dbo.Outbox'), ",
     "(N'DELETE', N'dbo.Outbox'), ",
-    "(N'SELECT', N'dbo.OutboxPurge'), (N'INSERT', N'dbo.OutboxPurge'), (N'UPDATE', N'dbo.OutboxPurge')",
+    "(N'SELECT', N'dbo.OutboxPurge'), (N'INSERT', N'dbo.OutboxPurge'), (N'UPDATE', N'dbo.OutboxPurge'), ",
+    "(N'SELECT', N'dbo.OutboxEpoch'), (N'INSERT', N'dbo.OutboxEpoch'), (N'DELETE', N'dbo.OutboxEpoch')",
     ") AS r (RightName, ObjectName) ",
     "ON ISNULL(HAS_PERMS_BY_NAME(r.ObjectName, N'OBJECT', r.RightName), 0) = 0"
 );
@@ -339,6 +344,36 @@ pub const SESSION_COUNT_ROWS: &str = "SET NOCOUNT OFF";
 /// transaction can go on half-applied. The store also never sends another
 /// statement after an error inside a transaction: it discards the connection.
 pub const SESSION_XACT_ABORT: &str = "SET XACT_ABORT ON";
+
+/// Run once on every new connection of a user that may write the outbox,
+/// before anyone uses it: the outbox's epoch raised (`store::next_epoch`,
+/// here by the server's clock), covering every `Seq` from one past the
+/// highest committed. A database restored, copied or failed over numbers
+/// again from an earlier point, and is only reached through connections
+/// opened afterwards: each raises an epoch above every one the lost history
+/// raised before the first row it numbers. Raises are one at a time (a
+/// transaction-owned application lock), so epochs grow with the `Seq`s
+/// they cover. Skipped, answering nothing, where the table is not there
+/// yet (a database `migrate` has not brought to version 6: its migration
+/// raises the first) or the user may not insert into it (the operator's
+/// read-only role). A refused lock fails the connection's set-up: the pool
+/// tries another.
+pub const RAISE_EPOCH: &str = "SET NOCOUNT ON;
+IF OBJECT_ID(N'dbo.OutboxEpoch', N'U') IS NOT NULL
+   AND ISNULL(HAS_PERMS_BY_NAME(N'dbo.OutboxEpoch', N'OBJECT', N'INSERT'), 0) = 1
+BEGIN
+    DECLARE @Lock INT;
+    BEGIN TRANSACTION;
+    EXEC @Lock = sp_getapplock @Resource = N'order-guard:outbox-epoch', @LockMode = N'Exclusive',
+        @LockOwner = N'Transaction', @LockTimeout = 5000;
+    IF @Lock < 0 THROW 50002, N'order-guard: the outbox epoch''s lock was not granted', 1;
+    INSERT INTO dbo.OutboxEpoch (Epoch, FirstSeq)
+    SELECT CASE WHEN n.Now > ISNULL(e.Newest, 0) THEN n.Now ELSE e.Newest + 1 END,
+           (SELECT ISNULL(MAX(Seq), 0) FROM dbo.Outbox) + 1
+      FROM (SELECT DATEDIFF_BIG(MILLISECOND, '19700101', SYSUTCDATETIME()) AS Now) AS n
+     CROSS JOIN (SELECT MAX(Epoch) AS Newest FROM dbo.OutboxEpoch) AS e;
+    COMMIT TRANSACTION;
+END;";
 
 /// The pool's check of a connection that sat idle: alive, and no
 /// transaction left open on it.
@@ -632,7 +667,7 @@ pub const ALL: &[&str] = &[
 /// each path of them run there.
 /// [`LOCK_SCHEMA`] too: the parser does not take `EXEC @Result = …`; it
 /// runs on the engine at every migration.
-/// The outbox's claim, retry, purge and backfill's read too (`DECLARE`,
+/// The outbox's claim, retry, purge, backfill's read and the epoch's raise too (`DECLARE`,
 /// `TOP (@Pn)` in a derived table, `EXEC @Lock = …`, a `WITH` after a
 /// `DECLARE`); [`mark_announced`] is parsed for a
 /// few sizes.
@@ -645,4 +680,5 @@ pub const BATCHES: &[&str] = &[
     RETRY_ANNOUNCEMENTS,
     RESEND_ANNOUNCEMENTS,
     BACKFILL_READ,
+    RAISE_EPOCH,
 ];

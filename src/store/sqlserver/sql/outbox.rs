@@ -2,14 +2,17 @@
 //! the dispatcher's claim, mark, defer and purge, and the operator's
 //! listings, counts, retries, resends and backfill.
 
-/// The outbox columns every listing reads, in [`outbox::row`]'s order
-/// (`src/store/sqlserver/outbox.rs`); times as UTC text (style 126).
+/// The outbox columns every listing reads from `dbo.Outbox AS o`, in
+/// [`outbox::row`]'s order (`src/store/sqlserver/outbox.rs`); times as UTC
+/// text (style 126); last the row's epoch, the newest raised at or below
+/// its `Seq` (`RAISE_EPOCH`).
 macro_rules! outbox_columns {
     () => {
         "MessageId, Seq, Kind, OrderId, AccountId, Side, Symbol, Quantity, \
          CONVERT(NVARCHAR(48), PositionUnits) AS PositionUnits, \
          CONVERT(NVARCHAR(40), ExecutedAt, 126) AS ExecutedAt, Fingerprint, Attempts, LastError, \
-         CONVERT(INT, Parked) AS Parked, CONVERT(NVARCHAR(40), DispatchedAt, 126) AS DispatchedAt"
+         CONVERT(INT, Parked) AS Parked, CONVERT(NVARCHAR(40), DispatchedAt, 126) AS DispatchedAt, \
+         (SELECT MAX(e.Epoch) FROM dbo.OutboxEpoch AS e WHERE e.FirstSeq <= o.Seq) AS Epoch"
     };
 }
 
@@ -34,7 +37,7 @@ pub const CLAIM_ANNOUNCEMENTS: &str = concat!(
     "AND o.LeaseUntil <= @Now; ",
     "SELECT ",
     outbox_columns!(),
-    " FROM dbo.Outbox WHERE ClaimToken = @P1 AND DispatchedAt IS NULL ORDER BY Seq"
+    " FROM dbo.Outbox AS o WHERE ClaimToken = @P1 AND DispatchedAt IS NULL ORDER BY Seq"
 );
 
 /// Most announcements one mark names (one parameter each).
@@ -118,6 +121,15 @@ BEGIN
          WHERE Id = 1 AND ExecutedThrough < @Newest;
         IF NOT EXISTS (SELECT 1 FROM dbo.OutboxPurge WHERE Id = 1)
             INSERT INTO dbo.OutboxPurge (Id, ExecutedThrough) VALUES (1, @Newest);
+        -- The epochs no kept row needs: below the one covering the lowest
+        -- Seq kept (every kept row's is that one or later), and raised
+        -- over an hour ago (a margin no transaction's row stays
+        -- uncommitted for). The newest always stays.
+        DELETE FROM dbo.OutboxEpoch
+         WHERE Epoch < (SELECT MAX(c.Epoch) FROM dbo.OutboxEpoch AS c
+                         WHERE c.FirstSeq <= (SELECT ISNULL(MIN(Seq), 9223372036854775807)
+                                                FROM dbo.Outbox))
+           AND Epoch < DATEDIFF_BIG(MILLISECOND, '19700101', SYSUTCDATETIME()) - 3600000;
     END;
 END;
 COMMIT TRANSACTION;
@@ -164,7 +176,7 @@ pub const BACKFILL_WRITE: &str =
 pub const SELECT_UNDISPATCHED: &str = concat!(
     "SELECT TOP (@P1) ",
     outbox_columns!(),
-    " FROM dbo.Outbox WHERE DispatchedAt IS NULL ORDER BY Seq"
+    " FROM dbo.Outbox AS o WHERE DispatchedAt IS NULL ORDER BY Seq"
 );
 
 /// The announcement of one order, by its message id (P2, the unique
@@ -172,7 +184,7 @@ pub const SELECT_UNDISPATCHED: &str = concat!(
 pub const SELECT_ANNOUNCEMENT_OF_ORDER: &str = concat!(
     "SELECT TOP (@P1) ",
     outbox_columns!(),
-    " FROM dbo.Outbox WHERE MessageId = @P2 ORDER BY Seq"
+    " FROM dbo.Outbox AS o WHERE MessageId = @P2 ORDER BY Seq"
 );
 
 /// Undispatched, of which parked, and dispatched announcements.
