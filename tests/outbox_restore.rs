@@ -6,7 +6,8 @@
 //! restored while the handler is stopped (a restore needs the file
 //! closed); on the T-SQL engine the data files are restored under a store
 //! that keeps serving, as instances meet a database restored in place or
-//! failed over: their connections break and they reconnect.
+//! failed over: their connections break and they reconnect. And the
+//! retention's purge keeps every epoch a kept row needs.
 
 mod common;
 
@@ -301,4 +302,81 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
         from.display(),
         to.display()
     );
+}
+
+/// The epochs on SQL Server, oldest first (as the owner reads them).
+async fn epochs_on(cs: &str) -> Vec<i64> {
+    let mut client = common::mssql_raw_client(cs).await;
+    let rows = client
+        .simple_query("SELECT Epoch FROM dbo.OutboxEpoch ORDER BY Epoch")
+        .await
+        .unwrap()
+        .into_first_result()
+        .await
+        .unwrap();
+    rows.iter().map(|r| r.get::<i64, _>(0).unwrap()).collect()
+}
+
+/// The retention's purge on SQL Server deletes the epochs below the one
+/// the lowest kept row has, raised over an hour ago, and no other: the
+/// kept rows keep their epochs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_on_sql_server_deletes_only_the_epochs_no_kept_row_needs() {
+    let Some(cs) = common::mssql_connection_string() else {
+        return;
+    };
+    let db = common::mssql_fresh_database(&cs).await;
+    let store = common::mssql_store(&db, Duration::from_secs(20)).await;
+    let account = unique_id("acct");
+    for q in ["1", "2", "3"] {
+        assert_eq!(
+            store
+                .execute(&order(&account, "buy", q), "e", "{}")
+                .await
+                .unwrap(),
+            Execution::Executed
+        );
+    }
+    let rows = store
+        .announcements(&order_guard::store::Listing::Undispatched, 10)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|r| r.epoch.is_some()), "{rows:#?}");
+    // The two oldest rows sent ten days ago, and an epoch from 1970 below
+    // every one raised: the purge's to delete.
+    let mut owner = common::mssql_raw_client(&db).await;
+    owner
+        .simple_query(
+            "UPDATE dbo.Outbox SET DispatchedAt = DATEADD(DAY, -10, SYSUTCDATETIME()) \
+             WHERE Seq IN (SELECT TOP 2 Seq FROM dbo.Outbox ORDER BY Seq); \
+             INSERT INTO dbo.OutboxEpoch (Epoch, FirstSeq) VALUES (1000, 1);",
+        )
+        .await
+        .unwrap()
+        .into_results()
+        .await
+        .unwrap();
+    let before = epochs_on(&db).await;
+    assert_eq!(before[0], 1000);
+    let purged = store
+        .purge_announced(
+            Duration::from_secs(86_400),
+            500,
+            order_guard::store::Expired::Sent,
+        )
+        .await
+        .unwrap();
+    assert_eq!(purged, 2);
+    assert_eq!(
+        epochs_on(&db).await,
+        before[1..],
+        "only the 1970 epoch goes"
+    );
+    let kept = store
+        .announcements(&order_guard::store::Listing::Undispatched, 10)
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].epoch, rows[2].epoch, "the kept row keeps its epoch");
 }

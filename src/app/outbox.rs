@@ -76,11 +76,13 @@ pub async fn outbox_list(config: &Config) -> anyhow::Result<String> {
     {
         writeln!(
             out,
-            "{} {} order {} executed {} attempts {}{}",
+            "{} {} order {} executed {} at epoch {} sequence {} attempts {}{}",
             if a.parked { "parked " } else { "waiting" },
             a.message_id,
             crate::text::Quoted(&a.order_id),
             a.executed_at,
+            a.epoch.unwrap_or(0),
+            a.seq,
             a.attempts,
             a.last_error
                 .map(|e| format!(": {}", crate::text::escaped(&e)))

@@ -17,7 +17,7 @@
 //! by the pack's size, and a queue's 2 000 messages a second (Azure's
 //! scalability target for one queue) carry a hundred thousand
 //! announcements. Storage Queues promise no order: a consumer orders an
-//! account's executions by `data.sequence`, never by arrival.
+//! account's executions by `(data.epoch, data.sequence)`, never by arrival.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};

@@ -668,6 +668,100 @@ mod tests {
         );
     }
 
+    /// The epochs of `conn`, oldest first.
+    fn epochs(conn: &Connection) -> Vec<(i64, i64)> {
+        let mut select = conn
+            .prepare("SELECT Epoch, FirstSeq FROM OutboxEpoch ORDER BY Epoch")
+            .unwrap();
+        let epochs = select
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        epochs
+    }
+
+    fn now_millis() -> i64 {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        i64::try_from(since.as_millis()).unwrap()
+    }
+
+    /// A purge deletes the epochs below the one the lowest kept row has,
+    /// and keeps that one and every later one: each kept row's epoch is
+    /// the same before and after.
+    #[test]
+    fn a_purge_deletes_the_epochs_no_kept_row_needs() {
+        let day = Duration::from_secs(86_400);
+        let conn = outbox_of(&[
+            ("a", "-3 days"),
+            ("b", "-3 days"),
+            ("c", "-3 days"),
+            ("d", "-1 hours"),
+            ("e", "-1 hours"),
+        ]);
+        conn.execute_batch(
+            "INSERT INTO OutboxEpoch (Epoch, FirstSeq)
+             VALUES (1000, 1), (2000, 2), (3000, 4), (4000, 5);",
+        )
+        .unwrap();
+        let before: Vec<(i64, Option<i64>)> = (4..=5)
+            .map(|seq| (seq, epoch_of(&conn, seq).unwrap()))
+            .collect();
+        assert_eq!(before, [(4, Some(3000)), (5, Some(4000))]);
+        assert_eq!(purge(&conn, day, 500, Expired::SentAndUnsent).unwrap(), 3);
+        assert_eq!(epochs(&conn), [(3000, 4), (4000, 5)]);
+        let after: Vec<(i64, Option<i64>)> = (4..=5)
+            .map(|seq| (seq, epoch_of(&conn, seq).unwrap()))
+            .collect();
+        assert_eq!(after, before);
+    }
+
+    /// An epoch raised within the hour stays, needed or not: a row it
+    /// numbered may still be uncommitted in another process.
+    #[test]
+    fn a_purge_keeps_the_epochs_of_the_last_hour() {
+        let day = Duration::from_secs(86_400);
+        let conn = outbox_of(&[("a", "-3 days"), ("b", "-3 days"), ("c", "-1 hours")]);
+        let recent = now_millis() - 30 * 60 * 1000;
+        conn.execute(
+            "INSERT INTO OutboxEpoch (Epoch, FirstSeq) VALUES (?1, 1), (?2, 3)",
+            [recent, recent + 1],
+        )
+        .unwrap();
+        assert_eq!(purge(&conn, day, 500, Expired::SentAndUnsent).unwrap(), 2);
+        assert_eq!(epochs(&conn), [(recent, 1), (recent + 1, 3)]);
+    }
+
+    /// A raise covers every `Seq` from one past the highest kept, and
+    /// grows past the newest however the clock stands.
+    #[test]
+    fn a_raise_covers_the_next_seq_and_grows_past_the_newest() {
+        let conn = outbox_of(&[("a", "-1 hours"), ("b", "-1 hours")]);
+        let first = raise_epoch(&conn).unwrap();
+        let second = raise_epoch(&conn).unwrap();
+        assert!(second > first, "{first} then {second}");
+        assert_eq!(epochs(&conn), [(first, 3), (second, 3)]);
+        assert_eq!(
+            epoch_of(&conn, 2).unwrap(),
+            None,
+            "numbered before any epoch"
+        );
+        assert_eq!(epoch_of(&conn, 3).unwrap(), Some(second));
+        let ahead = now_millis() + 3_600_000;
+        conn.execute(
+            "INSERT INTO OutboxEpoch (Epoch, FirstSeq) VALUES (?1, 3)",
+            [ahead],
+        )
+        .unwrap();
+        assert_eq!(
+            raise_epoch(&conn).unwrap(),
+            ahead + 1,
+            "a clock behind the newest"
+        );
+    }
+
     #[test]
     fn runs_are_the_consecutive_stretches_of_a_rounds_rows() {
         assert_eq!(runs(&[]), vec![]);
