@@ -116,14 +116,13 @@ fn order_of(after: Position, executions: &[Executed], group: &[usize]) -> Vec<us
         .filter(|&i| executions[i].announced.is_none())
         .collect();
     unannounced.sort_by_key(|&i| executions[i].id);
-    if announced.is_empty() || unannounced.is_empty() {
-        return announced.into_iter().chain(unannounced).collect();
-    }
     if group.len() <= MAX_SEARCHED {
         // Each unannounced execution's slot: before the announced one of
         // that index, or after them all (`announced.len()`); slot vectors
         // tried in ascending order, the lowest `Orders.Id` most significant,
         // so the first that agrees puts each as early as the records allow.
+        // With no announced execution the one vector puts them all in
+        // `Orders.Id` order; with no unannounced one it is the empty one.
         let mut slots = vec![0; unannounced.len()];
         loop {
             let order = interleave(&announced, &unannounced, &slots);
@@ -356,6 +355,27 @@ mod tests {
         assert_eq!(
             walked("40", &executions),
             Some(vec![(1, p("49")), (3, p("40"))])
+        );
+    }
+
+    #[test]
+    fn an_order_whose_walk_leaves_decimal_38_10_is_not_the_one_taken() {
+        // Now and the record: the top less 1; a sell of 1 (announced), a
+        // buy of 1 and a sell of 1 in one millisecond. Both unannounced
+        // before the record agree with it, but the walk through them goes
+        // past the top: they came after it.
+        let one = Position::from(1).units();
+        let top = Position::from_units(10_i128.pow(38) - 1).unwrap();
+        let below = Position::from_units(top.units() - one).unwrap();
+        let mut executions = [
+            unannounced(1, 1, Sell, "1"),
+            unannounced(1, 2, Buy, "1"),
+            unannounced(1, 3, Sell, "1"),
+        ];
+        executions[0].announced = Some((1, below));
+        assert_eq!(
+            walk_back(below, &executions),
+            Some(vec![(1, top), (2, below)])
         );
     }
 
