@@ -123,15 +123,14 @@ fn order_of(after: Position, executions: &[Executed], group: &[usize]) -> Vec<us
         // so the first that agrees puts each as early as the records allow.
         // With no announced execution the one vector puts them all in
         // `Orders.Id` order; with no unannounced one it is the empty one.
+        let orders = (announced.len() + 1).pow(unannounced.len() as u32);
         let mut slots = vec![0; unannounced.len()];
-        loop {
+        for _ in 0..orders {
             let order = interleave(&announced, &unannounced, &slots);
             if agrees(after, executions, &order) {
                 return order;
             }
-            if !next_slots(&mut slots, announced.len()) {
-                break;
-            }
+            next_slots(&mut slots, announced.len());
         }
     }
     // Beyond the search's bound, or where no order agrees with the records
@@ -140,18 +139,14 @@ fn order_of(after: Position, executions: &[Executed], group: &[usize]) -> Vec<us
     // in (`Orders.Id`), announced ones kept in `Seq` order: the two sorted
     // lists merged by `Orders.Id`. The walk still resets at each record.
     let mut merged = Vec::with_capacity(group.len());
-    let (mut a, mut u) = (0, 0);
-    while a < announced.len() || u < unannounced.len() {
-        let take_announced = u == unannounced.len()
-            || (a < announced.len() && executions[announced[a]].id < executions[unannounced[u]].id);
-        if take_announced {
-            merged.push(announced[a]);
-            a += 1;
-        } else {
-            merged.push(unannounced[u]);
-            u += 1;
+    let mut rest = unannounced.into_iter().peekable();
+    for i in announced {
+        while let Some(u) = rest.next_if(|&u| executions[u].id < executions[i].id) {
+            merged.push(u);
         }
+        merged.push(i);
     }
+    merged.extend(rest);
     merged
 }
 
@@ -175,16 +170,15 @@ fn interleave(announced: &[usize], unannounced: &[usize], slots: &[usize]) -> Ve
 }
 
 /// The next slot vector in ascending order (the last digit counting
-/// fastest, each from 0 to `most`); false after the last.
-fn next_slots(slots: &mut [usize], most: usize) -> bool {
+/// fastest, each from 0 to `most`; after the last, the first again).
+fn next_slots(slots: &mut [usize], most: usize) {
     for digit in slots.iter_mut().rev() {
         if *digit < most {
             *digit += 1;
-            return true;
+            return;
         }
         *digit = 0;
     }
-    false
 }
 
 /// Whether walking back from `after` through `order` (oldest first) meets
