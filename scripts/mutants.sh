@@ -12,7 +12,8 @@
 #            src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs
 #            src/store/sqlserver/silence.rs src/store/sqlserver/retry.rs
 #            src/outbox/pack.rs src/outbox/lease.rs src/outbox/destination.rs
-#            src/outbox/dispatch.rs src/outbox/retention.rs)
+#            src/outbox/dispatch.rs src/outbox/retention.rs
+#            src/store/walk_back.rs)
 # CARGO_TEST_ARGS
 #            the test selection every mutant is judged by: cargo arguments
 #            given to both the build (`cargo test --no-run`, so only these
@@ -66,7 +67,7 @@ if [ ${#files[@]} -eq 0 ]; then
     src/hosting.rs src/config/state.rs src/deadletter/name.rs src/deadletter/fate.rs
     src/store/sqlserver/silence.rs src/store/sqlserver/retry.rs
     src/outbox/pack.rs src/outbox/lease.rs src/outbox/destination.rs
-    src/outbox/dispatch.rs src/outbox/retention.rs)
+    src/outbox/dispatch.rs src/outbox/retention.rs src/store/walk_back.rs)
 fi
 given_args=("$@")
 
@@ -88,7 +89,7 @@ selection_for() {
     # Pure decision files: their unit tests judge them.
     src/hosting.rs|src/deadletter/name.rs|src/deadletter/fate.rs|src/config/state.rs)
       echo --lib ;;
-    src/store/sqlserver/silence.rs|src/store/sqlserver/retry.rs)
+    src/store/sqlserver/silence.rs|src/store/sqlserver/retry.rs|src/store/walk_back.rs)
       echo --lib ;;
     # The outbox: its pure rules by their unit tests; the files that drive
     # a destination, a round and the retention by the outbox's tests too.

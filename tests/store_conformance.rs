@@ -938,7 +938,8 @@ macro_rules! conformance {
                 a_row_of_an_older_fingerprint_version_is_judged_by_its_columns);
             conformance!(@history $make;
                 unsent_rows_past_the_retention_go_only_where_nothing_sends_them,
-                a_backfill_announces_what_an_earlier_version_executed_once);
+                a_backfill_announces_what_an_earlier_version_executed_once,
+                a_backfill_places_executions_of_one_millisecond_by_the_recorded_positions);
         }
     };
     (@tests $make:expr; $($check:ident),*) => {

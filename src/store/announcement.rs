@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use rust_decimal::Decimal;
 
-use crate::order::Side;
 use crate::position::Position;
 
 /// The kind of every row written today (the event type is
@@ -186,27 +185,6 @@ pub enum Expired {
     SentAndUnsent,
 }
 
-/// The positions right after each of one position's executions, latest
-/// first, walking back from the position `now` through them
-/// (`latest_first`: each execution's side and quantity): the first is
-/// `now`, each next one that less the change of the execution after it.
-/// What `outbox backfill` writes as the `positionAfter` of an execution
-/// announced late. `None` if a step leaves `DECIMAL(38,10)` (a position
-/// that no sequence of executions reached). Pure.
-pub fn positions_after(now: Position, latest_first: &[(Side, Decimal)]) -> Option<Vec<Position>> {
-    let mut after = Vec::with_capacity(latest_first.len());
-    let mut current = now;
-    for (side, quantity) in latest_first {
-        after.push(current);
-        let change = Position::change_of(*side, *quantity);
-        current = current
-            .units()
-            .checked_sub(change.units())
-            .and_then(Position::from_units)?;
-    }
-    Some(after)
-}
-
 /// Which rows `announcements` lists.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Listing {
@@ -269,29 +247,6 @@ mod tests {
             next_epoch(1_000, Some(5_000)),
             5_001,
             "a clock behind the newest"
-        );
-    }
-
-    #[test]
-    fn positions_after_walk_back_from_now_through_each_execution() {
-        let d = |s: &str| s.parse::<Decimal>().unwrap();
-        let p = |s: &str| s.parse::<Position>().unwrap();
-        // Executed in order: buy 5, sell 1.5, buy 0.0000000001; now 3.5000000001.
-        let latest_first = [
-            (Side::Buy, d("0.0000000001")),
-            (Side::Sell, d("1.5")),
-            (Side::Buy, d("5")),
-        ];
-        assert_eq!(
-            positions_after(p("3.5000000001"), &latest_first),
-            Some(vec![p("3.5000000001"), p("3.5"), p("5")])
-        );
-        assert_eq!(positions_after(p("7"), &[]), Some(vec![]));
-        // A walk that leaves DECIMAL(38,10): no such history.
-        let top = Position::from_units(10_i128.pow(38) - 1).unwrap();
-        assert_eq!(
-            positions_after(top, &[(Side::Sell, d("1")), (Side::Sell, d("1"))]),
-            None
         );
     }
 

@@ -22,6 +22,7 @@
 pub mod announcement;
 mod sqlite;
 pub mod sqlserver;
+pub mod walk_back;
 
 use async_trait::async_trait;
 use rust_decimal::Decimal;
@@ -38,8 +39,8 @@ use crate::order::{
 use crate::position::{Overflow, Position};
 
 pub use self::announcement::{
-    message_id, next_epoch, positions_after, Announcement, Birth, Claim, Deferral, Expired,
-    Handoff, Listing, OutboxCounts, Resend, ORDER_EXECUTED,
+    message_id, next_epoch, Announcement, Birth, Claim, Deferral, Expired, Handoff, Listing,
+    OutboxCounts, Resend, ORDER_EXECUTED,
 };
 pub use self::sqlite::{
     Pressure, SqliteStore, MAX_GROUP as SQLITE_MAX_GROUP, MAX_QUEUED as SQLITE_MAX_QUEUED,

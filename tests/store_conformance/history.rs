@@ -61,6 +61,45 @@ impl Backend {
         assert_eq!(self.change(sqlite, tsql, order_id, hours).await, 1);
     }
 
+    /// Make `order_id` executed `seconds` seconds ago.
+    async fn execute_seconds_ago(&self, order_id: &str, seconds: i32) {
+        let sqlite = "UPDATE Orders SET ExecutedAt =
+                          strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || ?2 || ' seconds')
+                       WHERE OrderId = ?1";
+        let tsql = "UPDATE dbo.Orders SET ExecutedAt = DATEADD(SECOND, -@P2, SYSUTCDATETIME()) \
+                    WHERE OrderId = @P1";
+        assert_eq!(self.change(sqlite, tsql, order_id, seconds).await, 1);
+    }
+
+    /// Give `order_id` the `ExecutedAt` of `as_of`: executed in the same
+    /// millisecond.
+    async fn same_millisecond(&self, order_id: &str, as_of: &str) {
+        let sqlite = "UPDATE Orders SET ExecutedAt =
+                          (SELECT ExecutedAt FROM Orders WHERE OrderId = ?2)
+                       WHERE OrderId = ?1";
+        let tsql = "UPDATE dbo.Orders SET ExecutedAt = \
+                        (SELECT ExecutedAt FROM dbo.Orders WHERE OrderId = @P2) \
+                    WHERE OrderId = @P1";
+        let changed = match self {
+            Backend::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("orders.db")).unwrap();
+                conn.busy_timeout(std::time::Duration::from_secs(5))
+                    .unwrap();
+                conn.execute(sqlite, rusqlite::params![order_id, as_of])
+                    .unwrap() as u64
+            }
+            Backend::SqlServer(cs) => {
+                let mut client = common::mssql_raw_client(cs).await;
+                client
+                    .execute(tsql, &[&order_id, &as_of])
+                    .await
+                    .unwrap()
+                    .total()
+            }
+        };
+        assert_eq!(changed, 1);
+    }
+
     /// Make the announcement of `order_id` due since `days` days ago, as if
     /// it had waited that long unsent.
     async fn backdate_due(&self, order_id: &str, days: i32) {
@@ -275,4 +314,78 @@ pub async fn a_backfill_announces_what_an_earlier_version_executed_once(
     ];
     want.sort_unstable();
     assert_eq!(claimed, want);
+}
+
+/// `outbox backfill` places an execution of an earlier version by what
+/// the store recorded under the position's lock, not by `Orders.Id`: an
+/// order whose row was inserted first (`Received`, by an earlier version's
+/// worker) but executed after another, announced one, in the same
+/// millisecond, gets the position after its own execution, because the
+/// announced row's recorded position says which came first.
+pub async fn a_backfill_places_executions_of_one_millisecond_by_the_recorded_positions(
+    store: Arc<dyn OrderStore>,
+    backend: &Backend,
+) {
+    let apart = backend.apart().await;
+    let (store, backend) = match &apart {
+        Some((store, backend)) => (Arc::clone(store), backend),
+        None => (store, backend),
+    };
+    let account = unique_id("acct");
+    let hour = Duration::from_secs(3600);
+    // Executed in this order: buy 10; then, in one millisecond, sell 1.5
+    // (announced) and buy 5, whose row was inserted before the sell's (a
+    // lower `Orders.Id`); then buy 2.
+    let first = order(&unique_id("ord"), &account, "buy", "10");
+    let sell = order(&unique_id("ord"), &account, "sell", "1.5");
+    let late = order(&unique_id("ord"), &account, "buy", "5");
+    let last = order(&unique_id("ord"), &account, "buy", "2");
+    store.execute(&first, "e", "{}").await.unwrap();
+    backend.insert_received(&late, late.fingerprint()).await;
+    for o in [&sell, &late, &last] {
+        assert_eq!(
+            store.execute(o, "e", "{}").await.unwrap(),
+            Execution::Executed
+        );
+    }
+    assert_eq!(
+        store.position(&account, "MSFT").await.unwrap(),
+        Some(pos("15.5"))
+    );
+    let recorded = suite::announcement_of(store.as_ref(), &sell.order_id)
+        .await
+        .unwrap();
+    assert_eq!(recorded.position_after, pos("8.5"), "10 - 1.5");
+    for o in [&first, &late, &last] {
+        backend.forget_announcement(&o.order_id).await;
+    }
+    backend.execute_seconds_ago(&first.order_id, 40).await;
+    backend.execute_seconds_ago(&sell.order_id, 30).await;
+    backend
+        .same_millisecond(&late.order_id, &sell.order_id)
+        .await;
+    backend.execute_seconds_ago(&last.order_id, 20).await;
+    assert_eq!(store.backfill_announcements(hour, true).await.unwrap(), 3);
+    let mut rows = Vec::new();
+    for o in [&first, &late, &last] {
+        let row = suite::announcement_of(store.as_ref(), &o.order_id)
+            .await
+            .unwrap();
+        rows.push(row);
+    }
+    let after: Vec<Position> = rows.iter().map(|r| r.position_after).collect();
+    assert_eq!(
+        after,
+        [pos("10"), pos("13.5"), pos("15.5")],
+        "buy 10; sell 1.5 (recorded 8.5), buy 5; buy 2"
+    );
+    assert!(
+        rows[0].seq < rows[1].seq && rows[1].seq < rows[2].seq,
+        "written in execution order: {:?}",
+        rows.iter().map(|r| r.seq).collect::<Vec<_>>()
+    );
+    let unchanged = suite::announcement_of(store.as_ref(), &sell.order_id)
+        .await
+        .unwrap();
+    assert_eq!(unchanged, recorded, "the announced row is left as it was");
 }

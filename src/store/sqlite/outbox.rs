@@ -10,11 +10,10 @@ use rusqlite::{params, Connection, Row};
 
 use super::{decimal, position, NOW};
 use crate::order::Order;
-use crate::order::Side;
 use crate::position::Position;
+use crate::store::walk_back::{walk_back, Executed};
 use crate::store::{
-    message_id, positions_after, Announcement, Deferral, Expired, Listing, OutboxCounts, Resend,
-    ORDER_EXECUTED,
+    message_id, Announcement, Deferral, Expired, Listing, OutboxCounts, Resend, ORDER_EXECUTED,
 };
 
 /// `strftime` of now plus a signed SQLite modifier (`?n` = `+1.500 seconds`).
@@ -379,11 +378,11 @@ fn deleted_executions(
 /// no announcement (executed by an earlier version, which wrote none) get
 /// one, as their execution would have written it, oldest first (so their
 /// new `Seq`s follow their execution order); with `write` false only
-/// counted. In one writer call, so no execution lands between the reads
+/// counted. In one writer call, so no execution lands between the read
 /// and the writes: each `PositionAfter` is the position now walked back
-/// through the position's later executions ([`positions_after`]; two in
-/// one millisecond taken in the order their rows were inserted). Answers
-/// how many.
+/// through the position's executions since then ([`walk_back`], which the
+/// announced ones' rows, `Seq` and `PositionAfter`, place exactly).
+/// Answers how many.
 pub(super) fn backfill(
     conn: &Connection,
     within: Duration,
@@ -394,66 +393,81 @@ pub(super) fn backfill(
         [modifier(within, '-')],
         |r| r.get(0),
     )?;
-    // The executions of a position since `since`, latest first, each
-    // marked whether it has an announcement; only positions with one
-    // that has none.
+    // The executions since `since` of every position that has one without
+    // an announcement, by position: each with its millisecond's rank
+    // (`Tie`), its `Orders.Id`, its announcement's `Seq` and
+    // `PositionAfter` if it has one, and the position now.
     let mut select = conn.prepare(
-        "SELECT o.AccountId, o.Symbol, o.OrderId, o.Side, o.Quantity,
-                NOT EXISTS (SELECT 1 FROM Outbox AS x WHERE x.OrderId = o.OrderId),
-                COALESCE(p.Quantity, '0')
+        "SELECT o.AccountId, o.Symbol, o.OrderId, o.Side, o.Quantity, o.Id,
+                DENSE_RANK() OVER (ORDER BY o.ExecutedAt) AS Tie,
+                x.Seq, x.PositionAfter, COALESCE(p.Quantity, '0')
            FROM Orders AS o
+           LEFT JOIN Outbox AS x
+                  ON x.Seq = (SELECT MIN(y.Seq) FROM Outbox AS y WHERE y.OrderId = o.OrderId)
            LEFT JOIN Positions AS p ON p.AccountId = o.AccountId AND p.Symbol = o.Symbol
           WHERE o.Status = 'Executed' AND o.ExecutedAt >= ?1
             AND EXISTS (SELECT 1 FROM Orders AS u
                          WHERE u.AccountId = o.AccountId AND u.Symbol = o.Symbol
                            AND u.Status = 'Executed' AND u.ExecutedAt >= ?1
-                           AND NOT EXISTS (SELECT 1 FROM Outbox AS y WHERE y.OrderId = u.OrderId))
-          ORDER BY o.AccountId, o.Symbol, o.ExecutedAt DESC, o.Id DESC",
+                           AND NOT EXISTS (SELECT 1 FROM Outbox AS v WHERE v.OrderId = u.OrderId))
+          ORDER BY o.AccountId, o.Symbol",
     )?;
-    struct Executed {
+    struct Row {
         position: (String, String),
         order_id: String,
-        side: Side,
-        quantity: rust_decimal::Decimal,
-        unannounced: bool,
+        executed: Executed,
         now: String,
     }
-    let rows: Vec<Executed> = select
+    let rows: Vec<Row> = select
         .query_map([&since], |r| {
             let side: String = r.get(3)?;
-            Ok(Executed {
+            let seq: Option<i64> = r.get(7)?;
+            let announced = match seq {
+                Some(seq) => Some((seq, position(&r.get::<_, String>(8)?)?)),
+                None => None,
+            };
+            Ok(Row {
                 position: (r.get(0)?, r.get(1)?),
                 order_id: r.get(2)?,
-                side: side
-                    .parse()
-                    .map_err(|e: String| super::protocol_error(format!("Orders.Side: {e}")))?,
-                quantity: decimal(&r.get::<_, String>(4)?)?,
-                unannounced: r.get(5)?,
-                now: r.get(6)?,
+                executed: Executed {
+                    tie: r.get(6)?,
+                    id: r.get(5)?,
+                    side: side
+                        .parse()
+                        .map_err(|e: String| super::protocol_error(format!("Orders.Side: {e}")))?,
+                    quantity: decimal(&r.get::<_, String>(4)?)?,
+                    announced,
+                },
+                now: r.get(9)?,
             })
         })?
         .collect::<Result<_, _>>()?;
-    let count = rows.iter().filter(|e| e.unannounced).count() as u64;
+    let count = rows
+        .iter()
+        .filter(|r| r.executed.announced.is_none())
+        .count() as u64;
     if !write || count == 0 {
         return Ok(count);
     }
-    let mut after = std::collections::HashMap::new();
+    // Each position's unannounced executions oldest first, then all of
+    // them by millisecond (a stable sort: one position's keep their order).
+    let mut due: Vec<(i64, &str, Position)> = Vec::new();
     for group in rows.chunk_by(|a, b| a.position == b.position) {
-        let now = super::position(&group[0].now)?;
-        let steps: Vec<(Side, rust_decimal::Decimal)> =
-            group.iter().map(|e| (e.side, e.quantity)).collect();
-        let positions = positions_after(now, &steps).ok_or_else(|| {
+        let now = position(&group[0].now)?;
+        let executions: Vec<Executed> = group.iter().map(|r| r.executed.clone()).collect();
+        let placed = walk_back(now, &executions).ok_or_else(|| {
             super::protocol_error(format!(
                 "the executions of account {:?} in {:?} do not lead to its position {now}",
                 group[0].position.0, group[0].position.1
             ))
         })?;
-        for (e, p) in group.iter().zip(positions) {
-            if e.unannounced {
-                after.insert(e.order_id.clone(), p);
-            }
-        }
+        due.extend(
+            placed
+                .into_iter()
+                .map(|(i, after)| (group[i].executed.tie, group[i].order_id.as_str(), after)),
+        );
     }
+    due.sort_by_key(|(tie, _, _)| *tie);
     let now = super::instant_text(std::time::SystemTime::now());
     let mut insert = conn.prepare(
         "INSERT INTO Outbox (MessageId, Kind, OrderId, AccountId, Side, Symbol, Quantity,
@@ -463,22 +477,12 @@ pub(super) fn backfill(
                 ?4, ?4, ?4
            FROM Orders WHERE OrderId = ?5",
     )?;
-    let mut oldest_first: Vec<String> = conn
-        .prepare(
-            "SELECT o.OrderId FROM Orders AS o
-              WHERE o.Status = 'Executed' AND o.ExecutedAt >= ?1
-                AND NOT EXISTS (SELECT 1 FROM Outbox AS x WHERE x.OrderId = o.OrderId)
-              ORDER BY o.ExecutedAt, o.Id",
-        )?
-        .query_map([&since], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
-    oldest_first.retain(|id| after.contains_key(id));
     let mut written = 0;
-    for id in &oldest_first {
+    for (_, id, after) in &due {
         written += insert.execute(params![
             message_id(id),
             ORDER_EXECUTED,
-            after[id].to_string(),
+            after.to_string(),
             now,
             id
         ])?;

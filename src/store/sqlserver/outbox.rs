@@ -9,11 +9,9 @@ use tiberius::Row;
 
 use super::pool::Client;
 use super::{conversion, decimal, int, opt_text, sql, text, utc};
-use crate::order::Side;
 use crate::position::Position;
-use crate::store::{
-    positions_after, Announcement, Deferral, Expired, Listing, OutboxCounts, Resend,
-};
+use crate::store::walk_back::{walk_back, Executed};
+use crate::store::{Announcement, Deferral, Expired, Listing, OutboxCounts, Resend};
 
 fn millis(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
@@ -225,11 +223,20 @@ pub(super) async fn resend(
     .await
 }
 
+/// A position in units, as the statements convert it to text.
+fn units(text: &str, name: &str) -> Result<Position, tiberius::error::Error> {
+    text.parse::<i128>()
+        .ok()
+        .and_then(Position::from_units)
+        .ok_or_else(|| conversion(format!("{name} {text:?} is not a position")))
+}
+
 /// `outbox backfill` (`OrderStore::backfill_announcements`): one read of
 /// the positions concerned and their executions since `within` ago, the
-/// positions after each computed here ([`positions_after`]), then one
-/// insert per order without an announcement, oldest first, each skipped
-/// if its message id has a row by then.
+/// positions after each computed here ([`walk_back`], which the announced
+/// ones' rows, `Seq` and `PositionUnits`, place exactly), then one insert
+/// per order without an announcement, oldest first, each skipped if its
+/// message id has a row by then.
 pub(super) async fn backfill(
     client: &mut Client,
     within: Duration,
@@ -241,57 +248,60 @@ pub(super) async fn backfill(
         .await?
         .into_results()
         .await?;
-    struct Executed {
+    struct Read {
         position: (String, String),
         order_id: String,
-        side: Side,
-        quantity: rust_decimal::Decimal,
-        unannounced: bool,
-        units: String,
-        rank: i64,
+        executed: Executed,
+        now: String,
     }
-    let mut executed = Vec::new();
+    let mut read = Vec::new();
     for r in rows.iter().flatten() {
         let side = text(r, 3, "Side")?;
-        executed.push(Executed {
+        let announced = match r.try_get::<i64, _>(7)? {
+            Some(seq) => Some((seq, units(&text(r, 8, "PositionUnits")?, "PositionUnits")?)),
+            None => None,
+        };
+        read.push(Read {
             position: (text(r, 0, "AccountId")?, text(r, 1, "Symbol")?),
             order_id: text(r, 2, "OrderId")?,
-            side: side
-                .parse()
-                .map_err(|e: String| conversion(format!("Orders.Side: {e}")))?,
-            quantity: decimal(r, 4, "Quantity")?,
-            unannounced: r.try_get::<i32, _>(5)?.unwrap_or(0) != 0,
-            units: text(r, 6, "Units")?,
-            rank: int(r, 7, "Rank")?,
+            executed: Executed {
+                tie: int(r, 6, "Tie")?,
+                id: int(r, 5, "Id")?,
+                side: side
+                    .parse()
+                    .map_err(|e: String| conversion(format!("Orders.Side: {e}")))?,
+                quantity: decimal(r, 4, "Quantity")?,
+                announced,
+            },
+            now: text(r, 9, "Units")?,
         });
     }
-    let count = executed.iter().filter(|e| e.unannounced).count() as u64;
+    let count = read
+        .iter()
+        .filter(|e| e.executed.announced.is_none())
+        .count() as u64;
     if !write || count == 0 {
         return Ok(count);
     }
-    let mut due = Vec::new();
-    for group in executed.chunk_by(|a, b| a.position == b.position) {
-        let now = group[0]
-            .units
-            .parse::<i128>()
-            .ok()
-            .and_then(Position::from_units)
-            .ok_or_else(|| conversion(format!("Units {:?} is not a position", group[0].units)))?;
-        let steps: Vec<(Side, rust_decimal::Decimal)> =
-            group.iter().map(|e| (e.side, e.quantity)).collect();
-        let after = positions_after(now, &steps).ok_or_else(|| {
+    // Each position's unannounced executions oldest first, then all of
+    // them by millisecond (a stable sort: one position's keep their order).
+    let mut due: Vec<(i64, &str, Position)> = Vec::new();
+    for group in read.chunk_by(|a, b| a.position == b.position) {
+        let now = units(&group[0].now, "Units")?;
+        let executions: Vec<Executed> = group.iter().map(|e| e.executed.clone()).collect();
+        let placed = walk_back(now, &executions).ok_or_else(|| {
             conversion(format!(
                 "the executions of account {:?} in {:?} do not lead to its position {now}",
                 group[0].position.0, group[0].position.1
             ))
         })?;
-        for (e, p) in group.iter().zip(after) {
-            if e.unannounced {
-                due.push((e.rank, e.order_id.clone(), p));
-            }
-        }
+        due.extend(
+            placed
+                .into_iter()
+                .map(|(i, after)| (group[i].executed.tie, group[i].order_id.as_str(), after)),
+        );
     }
-    due.sort_by_key(|(rank, _, _)| *rank);
+    due.sort_by_key(|(tie, _, _)| *tie);
     let mut written = 0;
     for (_, order_id, after) in &due {
         let id = crate::store::message_id(order_id);
@@ -300,7 +310,7 @@ pub(super) async fn backfill(
             client
                 .query(
                     sql::BACKFILL_WRITE,
-                    &[&id.as_str(), &units.as_str(), &order_id.as_str()],
+                    &[&id.as_str(), &units.as_str(), order_id],
                 )
                 .await?,
         )

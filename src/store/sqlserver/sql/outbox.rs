@@ -137,25 +137,30 @@ SELECT @Deleted AS Deleted, @@TRANCOUNT AS OpenTransactions;";
 
 /// `outbox backfill`'s read, one statement (one snapshot where reads are
 /// versioned, as on Azure SQL): the executions since P1 seconds ago of
-/// every position that has one without an announcement, latest first per
-/// position, each with whether it has none, its place in execution order
-/// (`Rank`), and the position now in units.
+/// every position that has one without an announcement, by position, each
+/// with its `Orders.Id`, its millisecond's rank (`Tie`: equal within one
+/// `ExecutedAt`), its announcement's `Seq` and `PositionUnits` if it has
+/// one (NULL: none), and the position now in units
+/// (`store::walk_back` takes them).
 pub const BACKFILL_READ: &str = "SET NOCOUNT ON;
 DECLARE @Since DATETIME2(3) = DATEADD(SECOND, -@P1, SYSUTCDATETIME());
 WITH e AS (
     SELECT o.Id, o.OrderId, o.AccountId, o.Symbol, o.Side, o.Quantity, o.ExecutedAt,
-           CASE WHEN EXISTS (SELECT 1 FROM dbo.Outbox AS x WHERE x.OrderId = o.OrderId)
-                THEN 0 ELSE 1 END AS Unannounced
+           (SELECT MIN(x.Seq) FROM dbo.Outbox AS x WHERE x.OrderId = o.OrderId) AS Seq
       FROM dbo.Orders AS o
      WHERE o.Status = N'Executed' AND o.ExecutedAt >= @Since),
-p AS (SELECT DISTINCT AccountId, Symbol FROM e WHERE Unannounced = 1)
-SELECT e.AccountId, e.Symbol, e.OrderId, e.Side, e.Quantity, e.Unannounced,
-       CONVERT(NVARCHAR(64), ISNULL(s.Units, 0)) AS Units,
-       CONVERT(BIGINT, ROW_NUMBER() OVER (ORDER BY e.ExecutedAt, e.Id)) AS Rank
+p AS (SELECT DISTINCT AccountId, Symbol FROM e WHERE Seq IS NULL)
+SELECT e.AccountId, e.Symbol, e.OrderId, e.Side, e.Quantity,
+       CONVERT(BIGINT, e.Id) AS Id,
+       CONVERT(BIGINT, DENSE_RANK() OVER (ORDER BY e.ExecutedAt)) AS Tie,
+       CONVERT(BIGINT, e.Seq) AS Seq,
+       CONVERT(NVARCHAR(48), x.PositionUnits) AS PositionUnits,
+       CONVERT(NVARCHAR(64), ISNULL(s.Units, 0)) AS Units
   FROM e
   JOIN p ON p.AccountId = e.AccountId AND p.Symbol = e.Symbol
+  LEFT JOIN dbo.Outbox AS x ON x.Seq = e.Seq
   LEFT JOIN dbo.Positions AS s ON s.AccountId = e.AccountId AND s.Symbol = e.Symbol
- ORDER BY e.AccountId, e.Symbol, e.ExecutedAt DESC, e.Id DESC;";
+ ORDER BY e.AccountId, e.Symbol;";
 
 /// `outbox backfill`'s write of one announcement: P1 its message id, P2
 /// the position after it in units, P3 the order id; nothing when the
